@@ -1,0 +1,66 @@
+# xdplb build, test and demo entry points. Every target installs what it
+# needs on a fresh Debian machine first (see `deps`).
+
+SHELL := /bin/bash
+GO ?= go
+BIN := bin/xdplb
+
+# The BPF toolchain is pinned: the committed objects must be reproducible.
+BPF_CLANG ?= clang-16
+BPF_STRIP ?= llvm-strip-16
+ARCH_INCLUDE := /usr/include/$(shell uname -m)-linux-gnu
+BPF_CFLAGS ?= -O2 -g -Wall -Werror -I$(ARCH_INCLUDE)
+export BPF_CLANG BPF_STRIP BPF_CFLAGS
+
+# Debian packages the targets below rely on.
+DEB_PACKAGES := clang-16 llvm-16 libbpf-dev linux-libc-dev iproute2 iptables nftables ethtool
+
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: all deps generate build test test-unit bench lint demo clean
+
+all: build
+
+## deps: install missing Debian packages (needs root and apt).
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+## generate: rebuild the BPF objects and Go bindings from the C sources.
+generate: deps
+	cd xdp && $(GO) generate ./...
+
+## build: the xdplb binary (uses the committed BPF objects, no clang needed).
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/xdplb
+
+## test: every test tier, for real: needs root and a BPF-capable kernel.
+test: deps build
+	$(GO) test -count=1 -timeout 60m ./...
+
+## test-unit: the tests that need neither root nor a kernel.
+test-unit:
+	$(GO) test -count=1 ./control/...
+
+## bench: datapath and control-plane benchmarks with their baselines.
+bench: deps build
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./...
+
+## lint: go vet and staticcheck.
+lint:
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+
+## demo: the agent on its embedded default, in a network-namespace sandbox.
+demo: deps build
+	./demo/demo.sh
+
+clean:
+	rm -rf bin

@@ -1,0 +1,70 @@
+package dataplane
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// Counter is a packet and byte count.
+type Counter struct {
+	Packets, Bytes uint64
+}
+
+// Counters returns the datapath counters summed over CPUs, indexed by
+// xdp.NicStat (names from xdp.StatNames).
+func (d *Dataplane) Counters() ([]Counter, error) {
+	out := make([]Counter, xdp.NicStatSTAT_MAX)
+	var perCPU []xdp.NicCounter
+	for i := range out {
+		if err := d.m.Stats.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read counter %d: %w", i, err)
+		}
+		for _, c := range perCPU {
+			out[i].Packets += c.Packets
+			out[i].Bytes += c.Bytes
+		}
+	}
+	return out, nil
+}
+
+// ServiceCounter is the traffic of one service port.
+type ServiceCounter struct {
+	Packets, Bytes, NewFlows uint64
+}
+
+// ServiceCounters returns the counters of one service port, summed over CPUs.
+func (d *Dataplane) ServiceCounters(svcID uint32) (ServiceCounter, error) {
+	var perCPU []xdp.NicSvcCounter
+	if err := d.m.SvcStats.Lookup(svcID, &perCPU); err != nil {
+		return ServiceCounter{}, fmt.Errorf("read service %d counters: %w", svcID, err)
+	}
+	var out ServiceCounter
+	for _, c := range perCPU {
+		out.Packets += c.Packets
+		out.Bytes += c.Bytes
+		out.NewFlows += c.NewFlows
+	}
+	return out, nil
+}
+
+// ResetServiceCounters zeroes the counters of a service port id, before the
+// id is given to another service port.
+func (d *Dataplane) ResetServiceCounters(svcID uint32) error {
+	zero := make([]xdp.NicSvcCounter, possibleCPUs())
+	if err := d.m.SvcStats.Put(svcID, zero); err != nil {
+		return fmt.Errorf("reset service %d counters: %w", svcID, err)
+	}
+	return nil
+}
+
+// possibleCPUs is the number of per-CPU slots a per-CPU map value has.
+func possibleCPUs() int {
+	n, err := ebpf.PossibleCPU()
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}

@@ -1,0 +1,185 @@
+// Package dataplane reads and writes the datapath's pinned maps in terms of
+// plain Go values (addresses, ports, flags) instead of raw map entries. The
+// reconciler programs services through it, the CLI inspects flows through
+// it, and tests set up fixtures with it.
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// Protocol numbers used in frontends and flows.
+const (
+	TCP uint8 = unix.IPPROTO_TCP
+	UDP uint8 = unix.IPPROTO_UDP
+)
+
+// ProtoName returns "tcp", "udp" or the number.
+func ProtoName(p uint8) string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	}
+	return fmt.Sprint(p)
+}
+
+// Dataplane wraps the datapath maps.
+type Dataplane struct {
+	m *loader.Maps
+}
+
+// New wraps maps opened by the loader (loader.Load or loader.OpenPinned).
+func New(m *loader.Maps) *Dataplane { return &Dataplane{m: m} }
+
+// Maps returns the underlying maps.
+func (d *Dataplane) Maps() *loader.Maps { return d.m }
+
+// FrontendKey is an address, port and protocol that reaches a service port.
+type FrontendKey struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto uint8
+}
+
+func (k FrontendKey) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), ProtoName(k.Proto))
+}
+
+func (k FrontendKey) raw() xdp.NicFrontendKey {
+	return xdp.NicFrontendKey{Addr: xdp.AddrToNet(k.Addr), Port: xdp.PortToNet(k.Port), Proto: k.Proto}
+}
+
+func frontendKeyOf(r xdp.NicFrontendKey) FrontendKey {
+	return FrontendKey{Addr: xdp.NetToAddr(r.Addr), Port: xdp.NetToPort(r.Port), Proto: r.Proto}
+}
+
+// Frontend flags (see enum frontend_flags in xdp/include/maps.h).
+const (
+	FrontendExternal     = uint16(xdp.NicFrontendFlagsFE_EXTERNAL)
+	FrontendSNATRemote   = uint16(xdp.NicFrontendFlagsFE_SNAT_REMOTE)
+	FrontendSourceRanges = uint16(xdp.NicFrontendFlagsFE_SOURCE_RANGES)
+	FrontendDropIfEmpty  = uint16(xdp.NicFrontendFlagsFE_DROP_IF_EMPTY)
+)
+
+// Frontend is what a frontend leads to.
+type Frontend struct {
+	SvcID           uint32 // service port id
+	TableID         uint32 // Maglev table; 0 when there is no usable backend
+	AffinityTimeout uint32 // seconds; 0 without ClientIP affinity
+	Flags           uint16
+}
+
+// PutFrontend creates or replaces a frontend.
+func (d *Dataplane) PutFrontend(k FrontendKey, v Frontend) error {
+	raw := xdp.NicFrontend{SvcId: v.SvcID, TableId: v.TableID, AffinityTimeout: v.AffinityTimeout, Flags: v.Flags}
+	if err := d.m.Frontends.Put(k.raw(), raw); err != nil {
+		return fmt.Errorf("frontend %s: %w", k, err)
+	}
+	return nil
+}
+
+// DeleteFrontend removes a frontend; a missing one is not an error.
+func (d *Dataplane) DeleteFrontend(k FrontendKey) error {
+	if err := d.m.Frontends.Delete(k.raw()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete frontend %s: %w", k, err)
+	}
+	return nil
+}
+
+// Frontends returns every frontend.
+func (d *Dataplane) Frontends() (map[FrontendKey]Frontend, error) {
+	out := map[FrontendKey]Frontend{}
+	var k xdp.NicFrontendKey
+	var v xdp.NicFrontend
+	it := d.m.Frontends.Iterate()
+	for it.Next(&k, &v) {
+		out[frontendKeyOf(k)] = Frontend{SvcID: v.SvcId, TableID: v.TableId, AffinityTimeout: v.AffinityTimeout, Flags: v.Flags}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read frontends: %w", err)
+	}
+	return out, nil
+}
+
+// Backend is one endpoint address and port.
+type Backend struct {
+	Addr        netip.Addr
+	Port        uint16
+	Local       bool // on this node
+	Terminating bool // keeps its flows, gets no new ones
+}
+
+func (b Backend) String() string { return netip.AddrPortFrom(b.Addr, b.Port).String() }
+
+func (b Backend) raw() xdp.NicBackend {
+	var flags uint8
+	if b.Local {
+		flags |= uint8(xdp.NicBackendFlagsBE_LOCAL)
+	}
+	if b.Terminating {
+		flags |= uint8(xdp.NicBackendFlagsBE_TERMINATING)
+	}
+	return xdp.NicBackend{Addr: xdp.AddrToNet(b.Addr), Port: xdp.PortToNet(b.Port), Flags: flags}
+}
+
+func backendOf(r xdp.NicBackend) Backend {
+	return Backend{
+		Addr:        xdp.NetToAddr(r.Addr),
+		Port:        xdp.NetToPort(r.Port),
+		Local:       r.Flags&uint8(xdp.NicBackendFlagsBE_LOCAL) != 0,
+		Terminating: r.Flags&uint8(xdp.NicBackendFlagsBE_TERMINATING) != 0,
+	}
+}
+
+// PutBackend writes backend id. Id 0 is reserved ("none").
+func (d *Dataplane) PutBackend(id uint32, b Backend) error {
+	if id == 0 {
+		return errors.New("backend id 0 is reserved")
+	}
+	if !b.Addr.Is4() {
+		return fmt.Errorf("backend %d: %s is not an IPv4 address", id, b.Addr)
+	}
+	if err := d.m.Backends.Put(id, b.raw()); err != nil {
+		return fmt.Errorf("backend %d (%s): %w", id, b, err)
+	}
+	return nil
+}
+
+// DeleteBackend frees backend id. Flows still pointing at it notice on
+// their next packet.
+func (d *Dataplane) DeleteBackend(id uint32) error {
+	if err := d.m.Backends.Put(id, xdp.NicBackend{}); err != nil {
+		return fmt.Errorf("delete backend %d: %w", id, err)
+	}
+	return nil
+}
+
+// Backends returns every backend in use, by id.
+func (d *Dataplane) Backends() (map[uint32]Backend, error) {
+	out := map[uint32]Backend{}
+	var k uint32
+	var v xdp.NicBackend
+	it := d.m.Backends.Iterate()
+	for it.Next(&k, &v) {
+		if v.Addr != 0 {
+			out[k] = backendOf(v)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read backends: %w", err)
+	}
+	return out, nil
+}
+
+// BackendCapacity is the number of backend ids (including the reserved 0).
+func (d *Dataplane) BackendCapacity() uint32 { return d.m.Backends.MaxEntries() }

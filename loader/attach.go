@@ -1,0 +1,245 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// XDPMode selects how the XDP program is attached.
+type XDPMode string
+
+const (
+	// XDPNative runs the program in the driver: the fast path.
+	XDPNative XDPMode = "native"
+	// XDPGeneric runs it in the stack after the skb is built; works on
+	// any device, at a fraction of the speed.
+	XDPGeneric XDPMode = "generic"
+	// XDPBestEffort tries native and falls back to generic.
+	XDPBestEffort XDPMode = "best-effort"
+)
+
+// XDPModes lists the accepted modes, for flag validation.
+var XDPModes = []XDPMode{XDPNative, XDPGeneric, XDPBestEffort}
+
+// ParseXDPMode checks a mode name.
+func ParseXDPMode(s string) (XDPMode, error) {
+	for _, m := range XDPModes {
+		if string(m) == s {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown XDP mode %q (allowed: native, generic, best-effort)", s)
+}
+
+// maxSingleBufferMTU is roughly the largest MTU a single-page XDP buffer
+// holds (4 KiB page minus headroom and shared info); drivers differ a little.
+const maxSingleBufferMTU = 3498
+
+// Attachment describes the programs attached to one interface.
+type Attachment struct {
+	Interface string
+	Ifindex   int
+	Mode      XDPMode // native or generic: what is in effect
+	XDPProgID ebpf.ProgramID
+	TCProgID  ebpf.ProgramID
+	TCMode    string // "tcx" or "clsact"
+}
+
+// AttachNIC attaches the XDP program and the TC ingress program to a NIC,
+// through pinned links: an existing attachment from an earlier agent is
+// updated in place (no moment without a program), a new one is created
+// otherwise. The interface is added to the XDP redirect targets and its
+// first IPv4 address becomes its SNAT source.
+func (d *Datapath) AttachNIC(ifname string, mode XDPMode) (Attachment, error) {
+	dev, err := netlink.LinkByName(ifname)
+	if err != nil {
+		var notFound netlink.LinkNotFoundError
+		if errors.As(err, &notFound) {
+			return Attachment{}, fmt.Errorf("interface %s: no such interface", ifname)
+		}
+		return Attachment{}, fmt.Errorf("interface %s: %w", ifname, err)
+	}
+	attrs := dev.Attrs()
+	att := Attachment{Interface: ifname, Ifindex: attrs.Index}
+
+	if att.Mode, err = d.attachXDP(ifname, attrs, mode); err != nil {
+		return att, err
+	}
+	if att.TCMode, err = d.attachTCIngress(ifname, attrs.Index); err != nil {
+		return att, err
+	}
+	if err := d.registerInterface(dev); err != nil {
+		return att, fmt.Errorf("interface %s: %w", ifname, err)
+	}
+	if info, err := d.nic.Info(); err == nil {
+		att.XDPProgID, _ = info.ID()
+	}
+	if info, err := d.nicIngress.Info(); err == nil {
+		att.TCProgID, _ = info.ID()
+	}
+	return att, nil
+}
+
+func xdpLinkPath(pinRoot string, mode XDPMode, ifname string) string {
+	return filepath.Join(linksDir(pinRoot), fmt.Sprintf("xdp-%s-%s", mode, ifname))
+}
+
+func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMode) (XDPMode, error) {
+	// Adopt an existing attachment: update the program in place.
+	for _, have := range []XDPMode{XDPNative, XDPGeneric} {
+		path := xdpLinkPath(d.opts.PinRoot, have, ifname)
+		l, err := link.LoadPinnedLink(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("interface %s: open pinned XDP link: %w", ifname, err)
+		}
+		if mode == have || mode == XDPBestEffort {
+			defer l.Close()
+			if err := l.Update(d.nic); err != nil {
+				return "", fmt.Errorf("interface %s: replace XDP program: %w", ifname, err)
+			}
+			d.log.Info("XDP program replaced in place", "interface", ifname, "mode", have)
+			return have, nil
+		}
+		// The requested mode differs: the old link must go first.
+		d.log.Warn("XDP mode changes, re-attaching", "interface", ifname, "from", have, "to", mode)
+		if err := l.Unpin(); err != nil {
+			l.Close()
+			return "", fmt.Errorf("interface %s: unpin XDP link: %w", ifname, err)
+		}
+		l.Close()
+	}
+
+	tries := []XDPMode{mode}
+	if mode == XDPBestEffort {
+		tries = []XDPMode{XDPNative, XDPGeneric}
+	}
+	var errs []error
+	for _, m := range tries {
+		flags := link.XDPDriverMode
+		if m == XDPGeneric {
+			flags = link.XDPGenericMode
+		}
+		l, err := link.AttachXDP(link.XDPOptions{
+			Program:   d.nic,
+			Interface: attrs.Index,
+			Flags:     flags,
+		})
+		if err != nil {
+			errs = append(errs, explainXDPError(ifname, m, attrs, err))
+			continue
+		}
+		defer l.Close()
+		if err := l.Pin(xdpLinkPath(d.opts.PinRoot, m, ifname)); err != nil {
+			return "", fmt.Errorf("interface %s: pin XDP link: %w", ifname, err)
+		}
+		if len(errs) > 0 {
+			d.log.Warn("native XDP unavailable, using generic", "interface", ifname, "reason", errs[0])
+		}
+		return m, nil
+	}
+	return "", errors.Join(errs...)
+}
+
+// explainXDPError turns an attach failure into one readable line.
+func explainXDPError(ifname string, mode XDPMode, attrs *netlink.LinkAttrs, err error) error {
+	cause := err.Error()
+	switch {
+	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
+		cause = "missing privilege (needs CAP_BPF and CAP_NET_ADMIN)"
+	case errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST):
+		cause = "another XDP program is already attached (remove it, or run `xdplb detach` if it is ours)"
+	case errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, ebpf.ErrNotSupported):
+		cause = "the driver does not support this XDP mode (try --xdp-mode=generic or best-effort)"
+	case attrs.MTU > maxSingleBufferMTU && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ERANGE)):
+		cause = fmt.Sprintf("MTU %d is too large for single-buffer XDP (at most about %d)", attrs.MTU, maxSingleBufferMTU)
+	case errors.Is(err, unix.EINVAL) && attrs.Slave != nil:
+		cause = "XDP is not supported on this bonded/enslaved device: attach to the master or use generic mode"
+	}
+	return fmt.Errorf("interface %s: attach XDP (%s): %s", ifname, mode, cause)
+}
+
+func tcLinkPath(pinRoot, ifname string) string {
+	return filepath.Join(linksDir(pinRoot), "tc-ingress-"+ifname)
+}
+
+// attachTCIngress attaches the NIC's TC ingress program with tcx where the
+// kernel has it (first in line, other programs keep running after it).
+func (d *Datapath) attachTCIngress(ifname string, ifindex int) (string, error) {
+	path := tcLinkPath(d.opts.PinRoot, ifname)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		defer l.Close()
+		if err := l.Update(d.nicIngress); err != nil {
+			return "", fmt.Errorf("interface %s: replace TC program: %w", ifname, err)
+		}
+		return "tcx", nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("interface %s: open pinned TC link: %w", ifname, err)
+	}
+
+	l, err := link.AttachTCX(link.TCXOptions{
+		Interface: ifindex,
+		Program:   d.nicIngress,
+		Attach:    ebpf.AttachTCXIngress,
+		Anchor:    link.Head(),
+	})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		if err := attachClsact(ifindex, d.nicIngress); err != nil {
+			return "", fmt.Errorf("interface %s: attach TC ingress (clsact): %w", ifname, err)
+		}
+		return "clsact", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("interface %s: attach TC ingress: %w", ifname, err)
+	}
+	defer l.Close()
+	if err := l.Pin(path); err != nil {
+		return "", fmt.Errorf("interface %s: pin TC link: %w", ifname, err)
+	}
+	return "tcx", nil
+}
+
+// registerInterface makes the device an XDP redirect target and records
+// its SNAT source address.
+func (d *Datapath) registerInterface(dev netlink.Link) error {
+	ifindex := uint32(dev.Attrs().Index)
+	if err := d.Maps.TxPorts.Put(ifindex, ifindex); err != nil {
+		return fmt.Errorf("add redirect target: %w", err)
+	}
+	addr, err := FirstIPv4(dev)
+	if err != nil {
+		return err
+	}
+	entry := xdp.NicIface{Addr: xdp.IPv4ToNet(addr)}
+	if err := d.Maps.Ifaces.Put(ifindex, entry); err != nil {
+		return fmt.Errorf("record interface address: %w", err)
+	}
+	return nil
+}
+
+// FirstIPv4 returns the first IPv4 address of a device, or nil if it has none.
+func FirstIPv4(dev netlink.Link) (net.IP, error) {
+	addrs, err := netlink.AddrList(dev, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ip := a.IP.To4(); ip != nil && !strings.HasPrefix(a.Label, "xdplb") {
+			return ip, nil
+		}
+	}
+	return nil, nil
+}

@@ -1,0 +1,245 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// SchemaVersion names the pin directory. Bump it whenever the layout of a
+// key or value in xdp/include/maps.h changes.
+const SchemaVersion = "v1"
+
+// Maps are the datapath's pinned maps (see xdp/include/maps.h).
+type Maps struct {
+	Config       *ebpf.Map
+	Ifaces       *ebpf.Map
+	TxPorts      *ebpf.Map
+	Frontends    *ebpf.Map
+	Backends     *ebpf.Map
+	MaglevTables *ebpf.Map
+	SourceRanges *ebpf.Map
+	Conntrack    *ebpf.Map
+	NAT          *ebpf.Map
+	Affinity     *ebpf.Map
+	Stats        *ebpf.Map
+	SvcStats     *ebpf.Map
+}
+
+// byName maps the C names of the maps to their handles.
+func (m *Maps) byName() map[string]**ebpf.Map {
+	return map[string]**ebpf.Map{
+		"config":        &m.Config,
+		"ifaces":        &m.Ifaces,
+		"tx_ports":      &m.TxPorts,
+		"frontends":     &m.Frontends,
+		"backends":      &m.Backends,
+		"maglev_tables": &m.MaglevTables,
+		"source_ranges": &m.SourceRanges,
+		"conntrack":     &m.Conntrack,
+		"nat":           &m.NAT,
+		"affinity":      &m.Affinity,
+		"stats":         &m.Stats,
+		"svc_stats":     &m.SvcStats,
+	}
+}
+
+// Close releases the file descriptors; pinned maps stay.
+func (m *Maps) Close() error {
+	var errs []error
+	for _, mp := range m.byName() {
+		if *mp != nil {
+			errs = append(errs, (*mp).Close())
+			*mp = nil
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Datapath is the loaded datapath: its maps and programs, not yet attached.
+type Datapath struct {
+	Maps Maps
+
+	nic        *ebpf.Program // XDP on the NIC
+	nicIngress *ebpf.Program // TC ingress on the NIC
+	dir        string
+	opts       Options
+	log        *slog.Logger
+}
+
+// Dir returns the versioned pin directory (<root>/xdplb/<version>).
+func Dir(pinRoot string) string {
+	return filepath.Join(pinRoot, "xdplb", SchemaVersion)
+}
+
+func mapsDir(pinRoot string) string  { return filepath.Join(Dir(pinRoot), "maps") }
+func linksDir(pinRoot string) string { return filepath.Join(Dir(pinRoot), "links") }
+
+// Load creates the maps, or adopts those pinned by an earlier agent without
+// touching their contents, loads the programs and writes the datapath
+// configuration. Maps whose size changed are migrated: a new map is created
+// and every entry that fits is copied over.
+func Load(opts Options, log *slog.Logger) (*Datapath, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid datapath options: %w", err)
+	}
+	if err := ensureBPFFS(opts.PinRoot); err != nil {
+		return nil, err
+	}
+	for _, dir := range []string{mapsDir(opts.PinRoot), linksDir(opts.PinRoot)} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create pin directory: %w", err)
+		}
+	}
+
+	nicSpec, err := xdp.LoadNic()
+	if err != nil {
+		return nil, fmt.Errorf("read embedded XDP object: %w", err)
+	}
+	ingressSpec, err := xdp.LoadNicIngress()
+	if err != nil {
+		return nil, fmt.Errorf("read embedded TC object: %w", err)
+	}
+	if err := sizeMaps(nicSpec, opts); err != nil {
+		return nil, err
+	}
+	if err := adoptPinnedMaps(nicSpec, mapsDir(opts.PinRoot), log); err != nil {
+		return nil, err
+	}
+
+	coll, err := ebpf.NewCollectionWithOptions(nicSpec, ebpf.CollectionOptions{
+		Maps: ebpf.MapOptions{PinPath: mapsDir(opts.PinRoot)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
+	}
+	defer coll.Close()
+
+	d := &Datapath{dir: Dir(opts.PinRoot), opts: opts, log: log}
+	for name, handle := range d.Maps.byName() {
+		m, ok := coll.Maps[name]
+		if !ok {
+			d.Maps.Close()
+			return nil, fmt.Errorf("XDP object has no map %q", name)
+		}
+		if *handle, err = m.Clone(); err != nil {
+			d.Maps.Close()
+			return nil, fmt.Errorf("map %s: %w", name, err)
+		}
+	}
+	if d.nic, err = coll.Programs["xdplb_nic"].Clone(); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("XDP program: %w", err)
+	}
+
+	replacements := map[string]*ebpf.Map{}
+	for name := range ingressSpec.Maps {
+		if m, ok := coll.Maps[name]; ok {
+			replacements[name] = m
+		}
+	}
+	for name := range replacements {
+		ingressSpec.Maps[name].Pinning = ebpf.PinNone
+		ingressSpec.Maps[name].MaxEntries = nicSpec.Maps[name].MaxEntries
+	}
+	ingress, err := ebpf.NewCollectionWithOptions(ingressSpec, ebpf.CollectionOptions{
+		MapReplacements: replacements,
+	})
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("load TC program: %w", verifierDetail(err))
+	}
+	defer ingress.Close()
+	if d.nicIngress, err = ingress.Programs["xdplb_nic_ingress"].Clone(); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("TC program: %w", err)
+	}
+
+	if err := d.writeConfig(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Close releases the loader's file descriptors. Attached programs and
+// pinned maps stay in the kernel.
+func (d *Datapath) Close() error {
+	var errs []error
+	errs = append(errs, d.Maps.Close())
+	for _, p := range []*ebpf.Program{d.nic, d.nicIngress} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// XDPProgram returns the loaded XDP program (for tests and benchmarks).
+func (d *Datapath) XDPProgram() *ebpf.Program { return d.nic }
+
+// TCProgram returns the loaded TC ingress program.
+func (d *Datapath) TCProgram() *ebpf.Program { return d.nicIngress }
+
+// Options returns the options the datapath was loaded with.
+func (d *Datapath) Options() Options { return d.opts }
+
+func (d *Datapath) writeConfig() error {
+	cfg := xdp.NicDatapathConfig{
+		TcpEstablishedTimeoutNs: uint64(d.opts.TCPEstablishedTimeout.Nanoseconds()),
+		TcpTransientTimeoutNs:   uint64(d.opts.TCPTransientTimeout.Nanoseconds()),
+		UdpTimeoutNs:            uint64(d.opts.UDPTimeout.Nanoseconds()),
+		HashSeed:                d.opts.HashSeed,
+		SnatPortMin:             d.opts.SNATPortMin,
+		SnatPortMax:             d.opts.SNATPortMax,
+	}
+	if err := d.Maps.Config.Put(uint32(0), cfg); err != nil {
+		return fmt.Errorf("write datapath config: %w", err)
+	}
+	return nil
+}
+
+// sizeMaps sets every map's capacity from the options.
+func sizeMaps(spec *ebpf.CollectionSpec, opts Options) error {
+	sizes := map[string]uint32{
+		"frontends":     opts.FrontendsMax,
+		"backends":      opts.BackendsMax,
+		"maglev_tables": 2 * opts.ServicesMax, // a cluster-wide and a node-local table per service port
+		"source_ranges": opts.SourceRangesMax,
+		"conntrack":     opts.ConntrackMax,
+		"nat":           opts.NATMax,
+		"affinity":      opts.AffinityMax,
+		"svc_stats":     opts.ServicesMax,
+	}
+	for name, size := range sizes {
+		m, ok := spec.Maps[name]
+		if !ok {
+			return fmt.Errorf("XDP object has no map %q", name)
+		}
+		m.MaxEntries = size
+	}
+	return nil
+}
+
+// verifierDetail keeps the end of a verifier log, where the reason is.
+func verifierDetail(err error) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		lines := ve.Log
+		if len(lines) > 20 {
+			lines = lines[len(lines)-20:]
+		}
+		return fmt.Errorf("%w\n%s", err, strings.Join(lines, "\n"))
+	}
+	return err
+}

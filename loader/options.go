@@ -1,0 +1,89 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultPinRoot is where bpffs is mounted on a normal host.
+const DefaultPinRoot = "/sys/fs/bpf"
+
+// Options size the maps and configure the datapath. The zero value is not
+// useful; start from DefaultOptions.
+type Options struct {
+	// PinRoot is a directory on bpffs (mounted there if it is not one yet).
+	PinRoot string
+
+	ConntrackMax    uint32 // tracked flows
+	NATMax          uint32 // reverse NAT entries: one per tracked flow
+	AffinityMax     uint32 // ClientIP affinity entries
+	ServicesMax     uint32 // service ports (ids, counters, Maglev tables)
+	FrontendsMax    uint32 // address/port/protocol frontends
+	BackendsMax     uint32 // backend ids
+	SourceRangesMax uint32 // loadBalancerSourceRanges entries
+
+	TCPEstablishedTimeout time.Duration
+	TCPTransientTimeout   time.Duration
+	UDPTimeout            time.Duration
+	HashSeed              uint32
+	SNATPortMin           uint16
+	SNATPortMax           uint16
+}
+
+// DefaultOptions are sized for a large edge node: half a million tracked
+// flows and 64k service ports fit in well under 1 GiB of map memory.
+func DefaultOptions() Options {
+	return Options{
+		PinRoot:               DefaultPinRoot,
+		ConntrackMax:          524288,
+		NATMax:                524288,
+		AffinityMax:           65536,
+		ServicesMax:           65536,
+		FrontendsMax:          262144,
+		BackendsMax:           262144,
+		SourceRangesMax:       65536,
+		TCPEstablishedTimeout: 6 * time.Hour,
+		TCPTransientTimeout:   60 * time.Second,
+		UDPTimeout:            60 * time.Second,
+		HashSeed:              0x5eed1b,
+		SNATPortMin:           40000,
+		SNATPortMax:           60999,
+	}
+}
+
+// Validate reports the first option that cannot work.
+func (o Options) Validate() error {
+	var errs []error
+	positive := map[string]uint32{
+		"conntrack max":     o.ConntrackMax,
+		"NAT max":           o.NATMax,
+		"affinity max":      o.AffinityMax,
+		"services max":      o.ServicesMax,
+		"frontends max":     o.FrontendsMax,
+		"backends max":      o.BackendsMax,
+		"source ranges max": o.SourceRangesMax,
+	}
+	for _, name := range []string{"conntrack max", "NAT max", "affinity max", "services max",
+		"frontends max", "backends max", "source ranges max"} {
+		if positive[name] == 0 {
+			errs = append(errs, fmt.Errorf("%s must be at least 1", name))
+		}
+	}
+	for name, d := range map[string]time.Duration{
+		"TCP established timeout": o.TCPEstablishedTimeout,
+		"TCP transient timeout":   o.TCPTransientTimeout,
+		"UDP timeout":             o.UDPTimeout,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	if o.SNATPortMin == 0 || o.SNATPortMin > o.SNATPortMax {
+		errs = append(errs, fmt.Errorf("SNAT port range %d-%d is empty", o.SNATPortMin, o.SNATPortMax))
+	}
+	if o.PinRoot == "" {
+		errs = append(errs, errors.New("pin root must be set"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,47 @@
+package xdp
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"net/netip"
+)
+
+// hash3Words mirrors hash_3words in include/hash.h (lookup3's final mix).
+func hash3Words(a, b, c, seed uint32) uint32 {
+	a += 0xdeadbeef + seed
+	b += 0xdeadbeef + seed
+	c += 0xdeadbeef + seed
+	c ^= b
+	c -= bits.RotateLeft32(b, 14)
+	a ^= c
+	a -= bits.RotateLeft32(c, 11)
+	b ^= a
+	b -= bits.RotateLeft32(a, 25)
+	c ^= b
+	c -= bits.RotateLeft32(b, 16)
+	a ^= c
+	a -= bits.RotateLeft32(c, 4)
+	b ^= a
+	b -= bits.RotateLeft32(a, 14)
+	c ^= b
+	c -= bits.RotateLeft32(b, 24)
+	return c
+}
+
+func addrWord(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.BigEndian.Uint32(b[:])
+}
+
+// FlowHash is the datapath's hash of a 5-tuple (flow_hash in
+// include/hash.h): a new flow takes Maglev slot FlowHash % M.
+func FlowHash(src, dst netip.AddrPort, proto uint8, seed uint32) uint32 {
+	return hash3Words(addrWord(src.Addr()), addrWord(dst.Addr()),
+		uint32(src.Port())<<16|uint32(dst.Port()), seed+uint32(proto))
+}
+
+// ClientHash is the datapath's hash of a client address (client_hash in
+// include/hash.h), used for ClientIP session affinity.
+func ClientHash(client netip.Addr, seed uint32) uint32 {
+	return hash3Words(addrWord(client), 0, 0, seed)
+}

@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * conntrack.h - conntrack-lite: the forward half of a tracked flow.
+ *
+ * Entries live in an LRU hash keyed by the client-side 5-tuple. Timeouts are
+ * enforced on lookup: an entry idle for longer than its timeout counts as a
+ * miss and is replaced. last_seen is written at most once a second so busy
+ * flows do not bounce the entry's cache line between CPUs.
+ */
+#ifndef XDPLB_CONNTRACK_H
+#define XDPLB_CONNTRACK_H
+
+#include "maps.h"
+#include "parse.h"
+
+static __always_inline struct datapath_config *config_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
+static __always_inline void ct_key_from_packet(const struct packet *pkt, struct ct_key *key)
+{
+	key->saddr = pkt->saddr;
+	key->daddr = pkt->daddr;
+	key->sport = pkt->sport;
+	key->dport = pkt->dport;
+	key->proto = pkt->proto;
+	key->pad[0] = key->pad[1] = key->pad[2] = 0;
+}
+
+/* Is the TCP connection past its handshake and not closing? */
+static __always_inline int ct_tcp_established(const struct ct_entry *ct)
+{
+	return (ct->tcp_state & CT_TCP_ESTABLISHED) &&
+	       !(ct->tcp_state & (CT_TCP_FIN | CT_TCP_RST));
+}
+
+static __always_inline __u64 ct_timeout(const struct ct_entry *ct, __u8 proto,
+					const struct datapath_config *cfg)
+{
+	if (proto == IPPROTO_TCP)
+		return ct_tcp_established(ct) ? cfg->tcp_established_timeout_ns
+					      : cfg->tcp_transient_timeout_ns;
+	return cfg->udp_timeout_ns;
+}
+
+static __always_inline int ct_expired(const struct ct_entry *ct, __u8 proto,
+				      const struct datapath_config *cfg, __u64 now)
+{
+	return now - ct->last_seen_ns > ct_timeout(ct, proto, cfg);
+}
+
+/* Fold the TCP flags of a client packet into the entry's state bits. */
+static __always_inline __u8 ct_tcp_next_state(__u8 state, __u8 tcp_flags)
+{
+	if (tcp_flags & TCP_FLAG_RST)
+		state |= CT_TCP_RST;
+	if (tcp_flags & TCP_FLAG_FIN)
+		state |= CT_TCP_FIN;
+	if (tcp_flags & TCP_FLAG_SYN)
+		state |= CT_TCP_SYN;
+	else if (tcp_flags & TCP_FLAG_ACK)
+		state |= CT_TCP_ESTABLISHED;
+	return state;
+}
+
+/* Update timestamps and TCP state of a live entry, writing only on change. */
+static __always_inline void ct_touch(struct ct_entry *ct, __u8 proto, __u8 tcp_flags, __u64 now)
+{
+	if (proto == IPPROTO_TCP) {
+		__u8 next = ct_tcp_next_state(ct->tcp_state, tcp_flags);
+
+		if (next != ct->tcp_state)
+			ct->tcp_state = next;
+	}
+	if (now - ct->last_seen_ns > NSEC_PER_SEC)
+		ct->last_seen_ns = now;
+}
+
+/* A SYN on a tuple whose previous connection closed starts a new flow. */
+static __always_inline int ct_reused_tuple(const struct ct_entry *ct, __u8 tcp_flags)
+{
+	return (tcp_flags & TCP_FLAG_SYN) && !(tcp_flags & TCP_FLAG_ACK) &&
+	       (ct->tcp_state & (CT_TCP_FIN | CT_TCP_RST));
+}
+
+#endif /* XDPLB_CONNTRACK_H */

@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * forward.h - sending a translated packet on its way from XDP.
+ *
+ * bpf_fib_lookup() picks the egress device and next hop. The packet leaves
+ * with XDP_TX (same device) or XDP_REDIRECT through tx_ports. When XDP cannot
+ * finish (next hop not resolved yet, or an egress device outside tx_ports)
+ * the translated packet is passed up with a metadata note; the TC ingress
+ * program on the same device reads it and finishes with bpf_redirect_neigh().
+ */
+#ifndef XDPLB_FORWARD_H
+#define XDPLB_FORWARD_H
+
+#include "maps.h"
+#include "parse.h"
+#include "csum.h"
+#include "counters.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+
+/* Metadata XDP leaves in front of a packet it hands to TC. */
+struct xdp_handoff {
+	__u32 magic;   /* XDP_HANDOFF_MAGIC */
+	__u32 ifindex; /* egress device chosen by the FIB */
+};
+
+#define XDP_HANDOFF_MAGIC 0x784c4246 /* "xLBF" */
+
+/* Route the packet as if its destination were daddr (its final one). */
+static __always_inline int fib_lookup_ipv4(struct xdp_md *ctx, const struct packet *pkt,
+					   __be32 daddr, struct bpf_fib_lookup *fib)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET;
+	fib->tos = pkt->ip->tos;
+	fib->l4_protocol = pkt->proto;
+	fib->sport = pkt->sport;
+	fib->dport = pkt->dport;
+	fib->tot_len = bpf_ntohs(pkt->ip->tot_len);
+	fib->ipv4_src = pkt->saddr;
+	fib->ipv4_dst = daddr;
+	fib->ifindex = ctx->ingress_ifindex;
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+static __always_inline void ip_decrease_ttl(struct iphdr *ip)
+{
+	/* TTL shares a 16-bit checksum word with the protocol byte. */
+	__u16 *word = (__u16 *)&ip->ttl;
+	__u16 before = *word;
+
+	ip->ttl--;
+	ip->check = csum_apply(ip->check, csum_delta16(0, before, *word));
+}
+
+static __always_inline void set_macs(struct ethhdr *eth, const struct bpf_fib_lookup *fib)
+{
+	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+}
+
+/* Pass a translated packet up for the TC program to redirect. */
+static __always_inline int handoff_to_tc(struct xdp_md *ctx, __u32 ifindex, enum stat reason,
+					 __u32 bytes)
+{
+	struct xdp_handoff *meta;
+	void *data;
+
+	count(reason, bytes);
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)) == 0) {
+		meta = (void *)(long)ctx->data_meta;
+		data = (void *)(long)ctx->data;
+		if ((void *)(meta + 1) <= data) {
+			meta->magic = XDP_HANDOFF_MAGIC;
+			meta->ifindex = ifindex;
+		}
+	}
+	/* Without metadata the stack forwards it (works for DNAT-only flows). */
+	return XDP_PASS;
+}
+
+/*
+ * Forward a translated packet whose headers are final. The FIB result must
+ * come from a lookup of the packet's final destination.
+ */
+static __always_inline int xdp_forward(struct xdp_md *ctx, struct packet *pkt,
+				       struct bpf_fib_lookup *fib, int fib_rc)
+{
+	__u32 bytes = pkt->len;
+
+	if (pkt->ip->ttl <= 1) {
+		count(STAT_DROP_TTL, bytes);
+		return XDP_DROP;
+	}
+
+	switch (fib_rc) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+		break;
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+		ip_decrease_ttl(pkt->ip);
+		return handoff_to_tc(ctx, fib->ifindex, STAT_PASS_NO_NEIGH, bytes);
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		count(STAT_PASS_FRAG_NEEDED, bytes);
+		return XDP_PASS;
+	case BPF_FIB_LKUP_RET_FWD_DISABLED:
+		count(STAT_DROP_FWD_DISABLED, bytes);
+		return XDP_DROP;
+	default:
+		count(STAT_DROP_NO_ROUTE, bytes);
+		return XDP_DROP;
+	}
+
+	ip_decrease_ttl(pkt->ip);
+	if (fib->ifindex == ctx->ingress_ifindex) {
+		set_macs(pkt->eth, fib);
+		count(STAT_TX, bytes);
+		return XDP_TX;
+	}
+	if (bpf_redirect_map(&tx_ports, fib->ifindex, 0) == XDP_REDIRECT) {
+		set_macs(pkt->eth, fib);
+		count(STAT_REDIRECT, bytes);
+		return XDP_REDIRECT;
+	}
+	return handoff_to_tc(ctx, fib->ifindex, STAT_PASS_TO_STACK, bytes);
+}
+
+#endif /* XDPLB_FORWARD_H */

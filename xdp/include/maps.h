@@ -1,0 +1,347 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * maps.h - the datapath's state: every map, and the structs that are its
+ * keys and values. This file is the schema; the Go side gets the same types
+ * from bpf2go (-type) and never copies them by hand.
+ *
+ * All addresses and ports are stored in network byte order, exactly as they
+ * appear on the wire, so the datapath never converts them.
+ *
+ * max_entries below are placeholders: the loader sets every size from its
+ * options before the maps are created. Maps are pinned by name under one
+ * versioned bpffs directory, so an agent restart adopts them.
+ */
+#ifndef XDPLB_MAPS_H
+#define XDPLB_MAPS_H
+
+#include "common.h"
+
+/* ---- configuration ---------------------------------------------------- */
+
+/* Datapath settings written by the loader (one entry, index 0). */
+struct datapath_config {
+	__u64 tcp_established_timeout_ns; /* idle timeout of an established TCP flow */
+	__u64 tcp_transient_timeout_ns;   /* idle timeout while opening or closing */
+	__u64 udp_timeout_ns;             /* idle timeout of a UDP flow */
+	__u32 hash_seed;                  /* flow hash seed, the same on every node */
+	__u16 snat_port_min;              /* SNAT source ports, host byte order, inclusive */
+	__u16 snat_port_max;
+};
+
+/* Per-interface facts: the address used as SNAT source for packets that
+ * leave through this interface. */
+struct iface {
+	__be32 addr;
+	__u32 flags;
+};
+
+/* ---- services ---------------------------------------------------------- */
+
+/* A frontend: one address, port and protocol that reaches a service port. */
+struct frontend_key {
+	__be32 addr;
+	__be16 port;
+	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+enum frontend_flags {
+	/* NodePort, LoadBalancer ingress or externalIP: handled in XDP on the
+	 * NIC. Frontends without it (ClusterIP) are for the TC programs. */
+	FE_EXTERNAL = 1 << 0,
+	/* SNAT to the node address when the chosen backend is on another node
+	 * (traffic policy Cluster). */
+	FE_SNAT_REMOTE = 1 << 1,
+	/* Check the client address against source_ranges first. */
+	FE_SOURCE_RANGES = 1 << 2,
+	/* With no usable backend, drop silently (policy Local with endpoints
+	 * only on other nodes) instead of refusing the client. */
+	FE_DROP_IF_EMPTY = 1 << 3,
+};
+
+struct frontend {
+	__u32 svc_id;           /* service port id: counters, affinity, source ranges */
+	__u32 table_id;         /* key into maglev_tables; 0: no usable backend */
+	__u32 affinity_timeout; /* ClientIP affinity timeout in seconds, 0: none */
+	__u16 flags;            /* enum frontend_flags */
+	__u16 pad;
+};
+
+enum backend_flags {
+	BE_LOCAL = 1 << 0,       /* runs on this node */
+	BE_TERMINATING = 1 << 1, /* keeps its flows, takes no new ones */
+};
+
+/* A backend: index into the backends array. An all-zero entry is unused. */
+struct backend {
+	__be32 addr;
+	__be16 port;
+	__u8 flags; /* enum backend_flags */
+	__u8 pad;
+};
+
+/* loadBalancerSourceRanges: prefixlen counts the 32 bits of svc_id plus the
+ * prefix length of the allowed client range. */
+struct source_range_key {
+	__u32 prefixlen;
+	__be32 svc_id; /* network byte order so the trie matches it bit by bit */
+	__be32 addr;
+};
+
+/* ---- flows ------------------------------------------------------------- */
+
+/* The client-side 5-tuple, as the client sent it (client -> frontend). */
+struct ct_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+enum ct_tcp_state {
+	CT_TCP_SYN = 1 << 0,         /* client SYN seen */
+	CT_TCP_ESTABLISHED = 1 << 1, /* client ACK without SYN seen */
+	CT_TCP_FIN = 1 << 2,         /* FIN seen in either direction */
+	CT_TCP_RST = 1 << 3,         /* RST seen in either direction */
+};
+
+enum ct_flags {
+	CT_F_SNAT = 1 << 0,     /* source rewritten to nat_addr:nat_port */
+	CT_F_EXTERNAL = 1 << 1, /* created by the XDP program for an external frontend */
+};
+
+/* Conntrack-lite: what a tracked flow is translated to. */
+struct ct_entry {
+	__u64 created_ns;   /* bpf_ktime_get_ns() clock */
+	__u64 last_seen_ns; /* refreshed at most once a second */
+	__u32 backend_id;
+	__u32 svc_id;
+	__be32 backend_addr; /* copy of the backend, to detect a removed backend */
+	__be32 nat_addr;     /* SNAT source, 0 without SNAT */
+	__be16 backend_port;
+	__be16 nat_port;
+	__u8 tcp_state; /* enum ct_tcp_state */
+	__u8 flags;     /* enum ct_flags */
+	__u16 pad;
+};
+
+/* The reply-side 5-tuple, as the backend sends it
+ * (backend -> nat address, or backend -> client without SNAT). */
+struct nat_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* Reverse NAT: what a reply is translated back to. Together with the
+ * nat_key it holds everything needed to rebuild the forward entry, so the
+ * two halves of a flow repair each other after an LRU eviction. */
+struct nat_entry {
+	__be32 client_addr;
+	__be32 frontend_addr;
+	__be16 client_port;
+	__be16 frontend_port;
+	__u32 backend_id;
+	__u32 svc_id;
+	__u8 flags; /* enum ct_flags of the forward entry */
+	__u8 pad[3];
+};
+
+/* ClientIP session affinity. */
+struct affinity_key {
+	__u32 svc_id;
+	__be32 client_addr;
+};
+
+struct affinity_entry {
+	__u64 last_seen_ns;
+	__u32 backend_id;
+	__be32 backend_addr;
+	__be16 backend_port;
+	__u16 pad[3];
+};
+
+/* ---- counters ---------------------------------------------------------- */
+
+/* Every verdict the datapath reaches has a reason; each is counted. */
+enum stat {
+	STAT_RX = 0,              /* packets seen */
+	STAT_PASS_NOT_IPV4,       /* not IPv4: to the stack untouched */
+	STAT_PASS_NOT_SERVICE,    /* no frontend, no NAT state: untouched */
+	STAT_PASS_IP_OPTIONS,     /* IPv4 with options: untouched */
+	STAT_PASS_FRAGMENT,       /* IPv4 fragment: untouched */
+	STAT_PASS_MALFORMED,      /* truncated or invalid headers: untouched */
+	STAT_PASS_INTERNAL,       /* ClusterIP frontend seen on the NIC: untouched */
+	STAT_PASS_ICMP,           /* ICMP not about a tracked flow: untouched */
+	STAT_PASS_NO_NEIGH,       /* translated, next hop unresolved: stack/TC finishes */
+	STAT_PASS_TO_STACK,       /* translated, egress is not an XDP target: stack forwards */
+	STAT_PASS_FRAG_NEEDED,    /* translated, too big for egress MTU: stack answers */
+	STAT_TX,                  /* XDP_TX */
+	STAT_REDIRECT,            /* XDP_REDIRECT */
+	STAT_NEW_FLOW,            /* conntrack entry created */
+	STAT_REVERSE_NAT,         /* reply translated back to the client */
+	STAT_ICMP_TRANSLATED,     /* ICMP error about a tracked flow translated */
+	STAT_REJECT_TCP,          /* no usable backend: TCP RST sent */
+	STAT_REJECT_ICMP,         /* no usable backend: ICMP port unreachable sent */
+	STAT_RST_BACKEND_GONE,    /* tracked TCP flow lost its backend: RST sent */
+	STAT_RESELECT_BACKEND_GONE, /* tracked flow lost its backend: new backend chosen */
+	STAT_CT_EXPIRED,          /* expired conntrack entry replaced */
+	STAT_CT_REPAIRED,         /* forward entry rebuilt from its reverse entry */
+	STAT_NAT_REPAIRED,        /* reverse entry rebuilt from its forward entry */
+	STAT_NAT_PORT_MOVED,      /* reverse entry lost to another flow: new SNAT port */
+	STAT_DROP_SOURCE_RANGE,   /* client outside loadBalancerSourceRanges */
+	STAT_DROP_NO_LOCAL_BACKEND, /* policy Local and no backend on this node */
+	STAT_DROP_NAT_EXHAUSTED,  /* no free SNAT port for this backend */
+	STAT_DROP_CT_FULL,        /* conntrack or NAT insert failed */
+	STAT_DROP_STALE_NAT,      /* reply whose flow was replaced */
+	STAT_DROP_NO_ROUTE,       /* no route to the backend or client */
+	STAT_DROP_NO_NODE_ADDR,   /* SNAT needed but the egress device has no address */
+	STAT_DROP_FWD_DISABLED,   /* IP forwarding disabled on the ingress device */
+	STAT_DROP_TTL,            /* TTL would expire in transit */
+	STAT_DROP_BAD_TABLE,      /* Maglev table missing or malformed */
+	STAT_DROP_ADJUST,         /* could not resize the packet for a reply */
+	STAT_TC_NEIGH_REDIRECT,   /* TC finished an XDP translation with neighbour resolution */
+	STAT_MAX,
+};
+
+struct counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct svc_counter {
+	__u64 packets;
+	__u64 bytes;
+	__u64 new_flows;
+};
+
+/* ---- maps -------------------------------------------------------------- */
+
+#define PIN LIBBPF_PIN_BY_NAME
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct datapath_config);
+	__uint(pinning, PIN);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32); /* ifindex */
+	__type(value, struct iface);
+	__uint(pinning, PIN);
+} ifaces SEC(".maps");
+
+/* Interfaces XDP may redirect to (they run an XDP program or support
+ * ndo_xdp_xmit). Anything else goes through the stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, PIN);
+} tx_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct frontend_key);
+	__type(value, struct frontend);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, PIN);
+} frontends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(pinning, PIN);
+} backends SEC(".maps");
+
+/* One Maglev table: slot 0 holds the table size M, slots 1..M backend ids.
+ * Tables differ in size, hence BPF_F_INNER_MAP. */
+struct maglev_table {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_INNER_MAP);
+	__type(key, __u32);
+	__type(value, __u32);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, 1024);
+	__type(key, __u32); /* table id */
+	__uint(pinning, PIN);
+	__array(values, struct maglev_table);
+} maglev_tables SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__type(key, struct source_range_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, PIN);
+} source_ranges SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ct_key);
+	__type(value, struct ct_entry);
+	__uint(pinning, PIN);
+} conntrack SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct nat_key);
+	__type(value, struct nat_entry);
+	__uint(pinning, PIN);
+} nat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_entry);
+	__uint(pinning, PIN);
+} affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, enum stat);
+	__type(value, struct counter);
+	__uint(pinning, PIN);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32); /* svc_id */
+	__type(value, struct svc_counter);
+	__uint(pinning, PIN);
+} svc_stats SEC(".maps");
+
+/* Flag enums are only used as values, so nothing would put them in BTF;
+ * this pointer does, so bpf2go can export them to Go. */
+struct datapath_flags {
+	enum frontend_flags frontend;
+	enum backend_flags backend;
+	enum ct_tcp_state tcp_state;
+	enum ct_flags ct;
+};
+const struct datapath_flags *datapath_flags_btf __attribute__((unused));
+
+#endif /* XDPLB_MAPS_H */

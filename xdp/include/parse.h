@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * parse.h - Ethernet / IPv4 / TCP / UDP / ICMP parsing with bounds checks.
+ *
+ * The parser never writes. It stops at the first thing xdplb does not
+ * translate (non-IPv4, IP options, fragments, truncated headers) and says
+ * why, so the caller can count it and hand the packet on untouched.
+ */
+#ifndef XDPLB_PARSE_H
+#define XDPLB_PARSE_H
+
+#include "common.h"
+
+enum parse_result {
+	PARSE_OK = 0,
+	PARSE_NOT_IPV4,
+	PARSE_IP_OPTIONS,
+	PARSE_FRAGMENT,
+	PARSE_MALFORMED,
+	PARSE_OTHER_L4, /* IPv4 but neither TCP, UDP nor ICMP */
+};
+
+/* A parsed packet. Pointers are into the packet and valid until the packet
+ * is resized. Addresses and ports are in network byte order. */
+struct packet {
+	void *data;
+	void *data_end;
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	void *l4;
+	__u32 len;      /* bytes from the Ethernet header to data_end */
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;   /* ports: 0 for ICMP */
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags; /* TCP_FLAG_* below, 0 for other protocols */
+};
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_PSH 0x08
+#define TCP_FLAG_ACK 0x10
+
+/* The flags byte of a TCP header (byte 13). */
+static __always_inline __u8 tcp_flags_of(struct tcphdr *tcp)
+{
+	return ((__u8 *)tcp)[13];
+}
+
+static __always_inline enum parse_result parse_packet(void *data, void *data_end,
+						      struct packet *pkt)
+{
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+
+	pkt->data = data;
+	pkt->data_end = data_end;
+	pkt->len = data_end - data;
+	pkt->tcp_flags = 0;
+	pkt->sport = 0;
+	pkt->dport = 0;
+
+	if ((void *)(eth + 1) > data_end)
+		return PARSE_MALFORMED;
+	pkt->eth = eth;
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return PARSE_NOT_IPV4;
+
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return PARSE_MALFORMED;
+	pkt->ip = ip;
+	if (ip->version != 4)
+		return PARSE_MALFORMED;
+	if (ip->ihl != 5)
+		return ip->ihl < 5 ? PARSE_MALFORMED : PARSE_IP_OPTIONS;
+	/* tot_len must cover the headers and fit the frame (padding allowed). */
+	if (bpf_ntohs(ip->tot_len) < sizeof(*ip) ||
+	    (void *)ip + bpf_ntohs(ip->tot_len) > data_end)
+		return PARSE_MALFORMED;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return PARSE_FRAGMENT;
+
+	pkt->saddr = ip->saddr;
+	pkt->daddr = ip->daddr;
+	pkt->proto = ip->protocol;
+	pkt->l4 = ip + 1;
+
+	switch (ip->protocol) {
+	case IPPROTO_TCP: {
+		struct tcphdr *tcp = pkt->l4;
+
+		if ((void *)(tcp + 1) > data_end || tcp->doff < 5 ||
+		    tcp->doff * 4 > bpf_ntohs(ip->tot_len) - sizeof(*ip))
+			return PARSE_MALFORMED;
+		pkt->sport = tcp->source;
+		pkt->dport = tcp->dest;
+		pkt->tcp_flags = tcp_flags_of(tcp);
+		return PARSE_OK;
+	}
+	case IPPROTO_UDP: {
+		struct udphdr *udp = pkt->l4;
+
+		if ((void *)(udp + 1) > data_end ||
+		    bpf_ntohs(udp->len) < sizeof(*udp) ||
+		    bpf_ntohs(udp->len) > bpf_ntohs(ip->tot_len) - sizeof(*ip))
+			return PARSE_MALFORMED;
+		pkt->sport = udp->source;
+		pkt->dport = udp->dest;
+		return PARSE_OK;
+	}
+	case IPPROTO_ICMP: {
+		struct icmphdr *icmp = pkt->l4;
+
+		if ((void *)(icmp + 1) > data_end)
+			return PARSE_MALFORMED;
+		return PARSE_OK;
+	}
+	default:
+		return PARSE_OTHER_L4;
+	}
+}
+
+#endif /* XDPLB_PARSE_H */
