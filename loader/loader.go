@@ -19,35 +19,37 @@ const SchemaVersion = "v1"
 
 // Maps are the datapath's pinned maps (see xdp/include/maps.h).
 type Maps struct {
-	Config       *ebpf.Map
-	Ifaces       *ebpf.Map
-	TxPorts      *ebpf.Map
-	Frontends    *ebpf.Map
-	Backends     *ebpf.Map
-	MaglevTables *ebpf.Map
-	SourceRanges *ebpf.Map
-	Conntrack    *ebpf.Map
-	NAT          *ebpf.Map
-	Affinity     *ebpf.Map
-	Stats        *ebpf.Map
-	SvcStats     *ebpf.Map
+	Config        *ebpf.Map
+	Ifaces        *ebpf.Map
+	TxPorts       *ebpf.Map
+	FrontendPorts *ebpf.Map
+	Frontends     *ebpf.Map
+	Backends      *ebpf.Map
+	MaglevTables  *ebpf.Map
+	SourceRanges  *ebpf.Map
+	Conntrack     *ebpf.Map
+	NAT           *ebpf.Map
+	Affinity      *ebpf.Map
+	Stats         *ebpf.Map
+	SvcStats      *ebpf.Map
 }
 
 // byName maps the C names of the maps to their handles.
 func (m *Maps) byName() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
-		"config":        &m.Config,
-		"ifaces":        &m.Ifaces,
-		"tx_ports":      &m.TxPorts,
-		"frontends":     &m.Frontends,
-		"backends":      &m.Backends,
-		"maglev_tables": &m.MaglevTables,
-		"source_ranges": &m.SourceRanges,
-		"conntrack":     &m.Conntrack,
-		"nat":           &m.NAT,
-		"affinity":      &m.Affinity,
-		"stats":         &m.Stats,
-		"svc_stats":     &m.SvcStats,
+		"config":         &m.Config,
+		"ifaces":         &m.Ifaces,
+		"tx_ports":       &m.TxPorts,
+		"frontend_ports": &m.FrontendPorts,
+		"frontends":      &m.Frontends,
+		"backends":       &m.Backends,
+		"maglev_tables":  &m.MaglevTables,
+		"source_ranges":  &m.SourceRanges,
+		"conntrack":      &m.Conntrack,
+		"nat":            &m.NAT,
+		"affinity":       &m.Affinity,
+		"stats":          &m.Stats,
+		"svc_stats":      &m.SvcStats,
 	}
 }
 

@@ -8,7 +8,8 @@
  *   xdp_pass     returns XDP_PASS: the cost of running any XDP program.
  *   xdp_macswap  parses Ethernet/IPv4/TCP, swaps MACs, returns XDP_TX: the
  *                cheapest program that forwards.
- *   xdp_restore  copies a template frame over the packet and tail-calls
+ *   xdp_restore  copies a template frame over the packet (optionally with
+ *                a new source address each run) and tail-calls
  *                bench_progs[0]: benchmarks of translating programs use it
  *                so every iteration sees the original input (the kernel
  *                reuses one buffer across repetitions); its own cost is
@@ -24,8 +25,15 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 struct frame_template {
 	__u32 len;
+	/* Non-zero: give every run a new IPv4 source address (a new flow),
+	 * counting from the template's own source address. */
+	__u32 vary_source;
+	__u32 runs;
+	__u32 pad;
 	__u8 data[TEMPLATE_MAX];
 };
+
+#define SADDR_OFFSET (sizeof(struct ethhdr) + 12)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -92,6 +100,16 @@ int xdp_restore(struct xdp_md *ctx)
 		return XDP_ABORTED;
 	if (bpf_xdp_store_bytes(ctx, 0, tmpl->data, len))
 		return XDP_ABORTED;
+	if (tmpl->vary_source) {
+		__be32 saddr;
+
+		if (len < SADDR_OFFSET + sizeof(saddr))
+			return XDP_ABORTED;
+		__builtin_memcpy(&saddr, tmpl->data + SADDR_OFFSET, sizeof(saddr));
+		saddr = bpf_htonl(bpf_ntohl(saddr) + tmpl->runs++);
+		if (bpf_xdp_store_bytes(ctx, SADDR_OFFSET, &saddr, sizeof(saddr)))
+			return XDP_ABORTED;
+	}
 	bpf_tail_call(ctx, &bench_progs, 0);
 	return XDP_ABORTED;
 }

@@ -14,9 +14,12 @@ import (
 )
 
 type BaselineFrameTemplate struct {
-	_    structs.HostLayout
-	Len  uint32
-	Data [256]uint8
+	_          structs.HostLayout
+	Len        uint32
+	VarySource uint32
+	Runs       uint32
+	Pad        uint32
+	Data       [256]uint8
 }
 
 type BaselineSinkCounter struct {

@@ -50,7 +50,7 @@ const (
 )
 
 type fixture struct {
-	t    *testing.T
+	t    testing.TB
 	ns   *testenv.Netns
 	dp   *loader.Datapath
 	maps *dataplane.Dataplane
@@ -62,6 +62,11 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	return newFixtureSized(t, 4096, 256)
+}
+
+func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32) *fixture {
 	t.Helper()
 	testenv.RequirePrivileged(t)
 	ns := testenv.NewNetns(t, "dp")
@@ -83,11 +88,11 @@ func newFixture(t *testing.T) *fixture {
 
 	opts := loader.DefaultOptions()
 	opts.PinRoot = testenv.BPFFS(t)
-	opts.ConntrackMax = 4096
-	opts.NATMax = 4096
+	opts.ConntrackMax = conntrackMax
+	opts.NATMax = conntrackMax
 	opts.AffinityMax = 1024
 	opts.ServicesMax = 64
-	opts.FrontendsMax = 256
+	opts.FrontendsMax = frontendsMax
 	opts.BackendsMax = 256
 	opts.SourceRangesMax = 64
 	opts.SNATPortMin = snatMin
@@ -281,7 +286,7 @@ func (f *fixture) expectCounters(want map[string]uint64, fn func()) {
 	}
 }
 
-func decode(t *testing.T, b []byte) packet.Frame {
+func decode(t testing.TB, b []byte) packet.Frame {
 	t.Helper()
 	if err := packet.Verify(b); err != nil {
 		t.Fatalf("output frame: %v\n%x", err, b)

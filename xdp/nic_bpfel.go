@@ -50,9 +50,15 @@ type NicCounter struct {
 }
 
 type NicCtEntry struct {
-	_           structs.HostLayout
-	CreatedNs   uint64
-	LastSeenNs  uint64
+	_          structs.HostLayout
+	CreatedNs  uint64
+	LastSeenNs uint64
+	Hop        struct {
+		_       structs.HostLayout
+		Ifindex uint32
+		Dmac    [6]uint8
+		Smac    [6]uint8
+	}
 	BackendId   uint32
 	SvcId       uint32
 	BackendAddr uint32
@@ -69,6 +75,7 @@ type NicCtFlags uint32
 const (
 	NicCtFlagsCT_F_SNAT     NicCtFlags = 1
 	NicCtFlagsCT_F_EXTERNAL NicCtFlags = 2
+	NicCtFlagsCT_F_AFFINITY NicCtFlags = 4
 )
 
 type NicCtKey struct {
@@ -133,7 +140,14 @@ type NicIface struct {
 }
 
 type NicNatEntry struct {
-	_            structs.HostLayout
+	_          structs.HostLayout
+	LastSeenNs uint64
+	Hop        struct {
+		_       structs.HostLayout
+		Ifindex uint32
+		Dmac    [6]uint8
+		Smac    [6]uint8
+	}
 	ClientAddr   uint32
 	FrontendAddr uint32
 	ClientPort   uint16
@@ -164,43 +178,42 @@ type NicSourceRangeKey struct {
 type NicStat uint32
 
 const (
-	NicStatSTAT_RX                    NicStat = 0
-	NicStatSTAT_PASS_NOT_IPV4         NicStat = 1
-	NicStatSTAT_PASS_NOT_SERVICE      NicStat = 2
-	NicStatSTAT_PASS_IP_OPTIONS       NicStat = 3
-	NicStatSTAT_PASS_FRAGMENT         NicStat = 4
-	NicStatSTAT_PASS_MALFORMED        NicStat = 5
-	NicStatSTAT_PASS_INTERNAL         NicStat = 6
-	NicStatSTAT_PASS_ICMP             NicStat = 7
-	NicStatSTAT_PASS_NO_NEIGH         NicStat = 8
-	NicStatSTAT_PASS_TO_STACK         NicStat = 9
-	NicStatSTAT_PASS_FRAG_NEEDED      NicStat = 10
-	NicStatSTAT_TX                    NicStat = 11
-	NicStatSTAT_REDIRECT              NicStat = 12
-	NicStatSTAT_NEW_FLOW              NicStat = 13
-	NicStatSTAT_REVERSE_NAT           NicStat = 14
-	NicStatSTAT_ICMP_TRANSLATED       NicStat = 15
-	NicStatSTAT_REJECT_TCP            NicStat = 16
-	NicStatSTAT_REJECT_ICMP           NicStat = 17
-	NicStatSTAT_RST_BACKEND_GONE      NicStat = 18
-	NicStatSTAT_RESELECT_BACKEND_GONE NicStat = 19
-	NicStatSTAT_CT_EXPIRED            NicStat = 20
-	NicStatSTAT_CT_REPAIRED           NicStat = 21
-	NicStatSTAT_NAT_REPAIRED          NicStat = 22
-	NicStatSTAT_NAT_PORT_MOVED        NicStat = 23
-	NicStatSTAT_DROP_SOURCE_RANGE     NicStat = 24
-	NicStatSTAT_DROP_NO_LOCAL_BACKEND NicStat = 25
-	NicStatSTAT_DROP_NAT_EXHAUSTED    NicStat = 26
-	NicStatSTAT_DROP_CT_FULL          NicStat = 27
-	NicStatSTAT_DROP_STALE_NAT        NicStat = 28
-	NicStatSTAT_DROP_NO_ROUTE         NicStat = 29
-	NicStatSTAT_DROP_NO_NODE_ADDR     NicStat = 30
-	NicStatSTAT_DROP_FWD_DISABLED     NicStat = 31
-	NicStatSTAT_DROP_TTL              NicStat = 32
-	NicStatSTAT_DROP_BAD_TABLE        NicStat = 33
-	NicStatSTAT_DROP_ADJUST           NicStat = 34
-	NicStatSTAT_TC_NEIGH_REDIRECT     NicStat = 35
-	NicStatSTAT_MAX                   NicStat = 36
+	NicStatSTAT_PASS_NOT_IPV4         NicStat = 0
+	NicStatSTAT_PASS_NOT_SERVICE      NicStat = 1
+	NicStatSTAT_PASS_IP_OPTIONS       NicStat = 2
+	NicStatSTAT_PASS_FRAGMENT         NicStat = 3
+	NicStatSTAT_PASS_MALFORMED        NicStat = 4
+	NicStatSTAT_PASS_INTERNAL         NicStat = 5
+	NicStatSTAT_PASS_ICMP             NicStat = 6
+	NicStatSTAT_PASS_NO_NEIGH         NicStat = 7
+	NicStatSTAT_PASS_TO_STACK         NicStat = 8
+	NicStatSTAT_PASS_FRAG_NEEDED      NicStat = 9
+	NicStatSTAT_TX                    NicStat = 10
+	NicStatSTAT_REDIRECT              NicStat = 11
+	NicStatSTAT_NEW_FLOW              NicStat = 12
+	NicStatSTAT_REVERSE_NAT           NicStat = 13
+	NicStatSTAT_ICMP_TRANSLATED       NicStat = 14
+	NicStatSTAT_REJECT_TCP            NicStat = 15
+	NicStatSTAT_REJECT_ICMP           NicStat = 16
+	NicStatSTAT_RST_BACKEND_GONE      NicStat = 17
+	NicStatSTAT_RESELECT_BACKEND_GONE NicStat = 18
+	NicStatSTAT_CT_EXPIRED            NicStat = 19
+	NicStatSTAT_CT_REPAIRED           NicStat = 20
+	NicStatSTAT_NAT_REPAIRED          NicStat = 21
+	NicStatSTAT_NAT_PORT_MOVED        NicStat = 22
+	NicStatSTAT_DROP_SOURCE_RANGE     NicStat = 23
+	NicStatSTAT_DROP_NO_LOCAL_BACKEND NicStat = 24
+	NicStatSTAT_DROP_NAT_EXHAUSTED    NicStat = 25
+	NicStatSTAT_DROP_CT_FULL          NicStat = 26
+	NicStatSTAT_DROP_STALE_NAT        NicStat = 27
+	NicStatSTAT_DROP_NO_ROUTE         NicStat = 28
+	NicStatSTAT_DROP_NO_NODE_ADDR     NicStat = 29
+	NicStatSTAT_DROP_FWD_DISABLED     NicStat = 30
+	NicStatSTAT_DROP_TTL              NicStat = 31
+	NicStatSTAT_DROP_BAD_TABLE        NicStat = 32
+	NicStatSTAT_DROP_ADJUST           NicStat = 33
+	NicStatSTAT_TC_NEIGH_REDIRECT     NicStat = 34
+	NicStatSTAT_MAX                   NicStat = 35
 )
 
 type NicSvcCounter struct {
@@ -218,6 +231,7 @@ const (
 	NicMapBackends         = "backends"
 	NicMapConfig           = "config"
 	NicMapConntrack        = "conntrack"
+	NicMapFrontendPorts    = "frontend_ports"
 	NicMapFrontends        = "frontends"
 	NicMapIfaces           = "ifaces"
 	NicMapMaglevTables     = "maglev_tables"
@@ -279,18 +293,19 @@ type NicProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NicMapSpecs struct {
-	Affinity     *ebpf.MapSpec `ebpf:"affinity"`
-	Backends     *ebpf.MapSpec `ebpf:"backends"`
-	Config       *ebpf.MapSpec `ebpf:"config"`
-	Conntrack    *ebpf.MapSpec `ebpf:"conntrack"`
-	Frontends    *ebpf.MapSpec `ebpf:"frontends"`
-	Ifaces       *ebpf.MapSpec `ebpf:"ifaces"`
-	MaglevTables *ebpf.MapSpec `ebpf:"maglev_tables"`
-	Nat          *ebpf.MapSpec `ebpf:"nat"`
-	SourceRanges *ebpf.MapSpec `ebpf:"source_ranges"`
-	Stats        *ebpf.MapSpec `ebpf:"stats"`
-	SvcStats     *ebpf.MapSpec `ebpf:"svc_stats"`
-	TxPorts      *ebpf.MapSpec `ebpf:"tx_ports"`
+	Affinity      *ebpf.MapSpec `ebpf:"affinity"`
+	Backends      *ebpf.MapSpec `ebpf:"backends"`
+	Config        *ebpf.MapSpec `ebpf:"config"`
+	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
+	FrontendPorts *ebpf.MapSpec `ebpf:"frontend_ports"`
+	Frontends     *ebpf.MapSpec `ebpf:"frontends"`
+	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
+	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
+	Nat           *ebpf.MapSpec `ebpf:"nat"`
+	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
+	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	SvcStats      *ebpf.MapSpec `ebpf:"svc_stats"`
+	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 }
 
 // NicVariableSpecs contains global variables before they are loaded into the kernel.
@@ -320,18 +335,19 @@ func (o *NicObjects) Close() error {
 //
 // It can be passed to LoadNicObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NicMaps struct {
-	Affinity     *ebpf.Map `ebpf:"affinity"`
-	Backends     *ebpf.Map `ebpf:"backends"`
-	Config       *ebpf.Map `ebpf:"config"`
-	Conntrack    *ebpf.Map `ebpf:"conntrack"`
-	Frontends    *ebpf.Map `ebpf:"frontends"`
-	Ifaces       *ebpf.Map `ebpf:"ifaces"`
-	MaglevTables *ebpf.Map `ebpf:"maglev_tables"`
-	Nat          *ebpf.Map `ebpf:"nat"`
-	SourceRanges *ebpf.Map `ebpf:"source_ranges"`
-	Stats        *ebpf.Map `ebpf:"stats"`
-	SvcStats     *ebpf.Map `ebpf:"svc_stats"`
-	TxPorts      *ebpf.Map `ebpf:"tx_ports"`
+	Affinity      *ebpf.Map `ebpf:"affinity"`
+	Backends      *ebpf.Map `ebpf:"backends"`
+	Config        *ebpf.Map `ebpf:"config"`
+	Conntrack     *ebpf.Map `ebpf:"conntrack"`
+	FrontendPorts *ebpf.Map `ebpf:"frontend_ports"`
+	Frontends     *ebpf.Map `ebpf:"frontends"`
+	Ifaces        *ebpf.Map `ebpf:"ifaces"`
+	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
+	Nat           *ebpf.Map `ebpf:"nat"`
+	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
+	Stats         *ebpf.Map `ebpf:"stats"`
+	SvcStats      *ebpf.Map `ebpf:"svc_stats"`
+	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 }
 
 func (m *NicMaps) Close() error {
@@ -340,6 +356,7 @@ func (m *NicMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conntrack,
+		m.FrontendPorts,
 		m.Frontends,
 		m.Ifaces,
 		m.MaglevTables,

@@ -20,6 +20,7 @@ const (
 	NicIngressMapBackends         = "backends"
 	NicIngressMapConfig           = "config"
 	NicIngressMapConntrack        = "conntrack"
+	NicIngressMapFrontendPorts    = "frontend_ports"
 	NicIngressMapFrontends        = "frontends"
 	NicIngressMapIfaces           = "ifaces"
 	NicIngressMapMaglevTables     = "maglev_tables"
@@ -81,18 +82,19 @@ type NicIngressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NicIngressMapSpecs struct {
-	Affinity     *ebpf.MapSpec `ebpf:"affinity"`
-	Backends     *ebpf.MapSpec `ebpf:"backends"`
-	Config       *ebpf.MapSpec `ebpf:"config"`
-	Conntrack    *ebpf.MapSpec `ebpf:"conntrack"`
-	Frontends    *ebpf.MapSpec `ebpf:"frontends"`
-	Ifaces       *ebpf.MapSpec `ebpf:"ifaces"`
-	MaglevTables *ebpf.MapSpec `ebpf:"maglev_tables"`
-	Nat          *ebpf.MapSpec `ebpf:"nat"`
-	SourceRanges *ebpf.MapSpec `ebpf:"source_ranges"`
-	Stats        *ebpf.MapSpec `ebpf:"stats"`
-	SvcStats     *ebpf.MapSpec `ebpf:"svc_stats"`
-	TxPorts      *ebpf.MapSpec `ebpf:"tx_ports"`
+	Affinity      *ebpf.MapSpec `ebpf:"affinity"`
+	Backends      *ebpf.MapSpec `ebpf:"backends"`
+	Config        *ebpf.MapSpec `ebpf:"config"`
+	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
+	FrontendPorts *ebpf.MapSpec `ebpf:"frontend_ports"`
+	Frontends     *ebpf.MapSpec `ebpf:"frontends"`
+	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
+	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
+	Nat           *ebpf.MapSpec `ebpf:"nat"`
+	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
+	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	SvcStats      *ebpf.MapSpec `ebpf:"svc_stats"`
+	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 }
 
 // NicIngressVariableSpecs contains global variables before they are loaded into the kernel.
@@ -122,18 +124,19 @@ func (o *NicIngressObjects) Close() error {
 //
 // It can be passed to LoadNicIngressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NicIngressMaps struct {
-	Affinity     *ebpf.Map `ebpf:"affinity"`
-	Backends     *ebpf.Map `ebpf:"backends"`
-	Config       *ebpf.Map `ebpf:"config"`
-	Conntrack    *ebpf.Map `ebpf:"conntrack"`
-	Frontends    *ebpf.Map `ebpf:"frontends"`
-	Ifaces       *ebpf.Map `ebpf:"ifaces"`
-	MaglevTables *ebpf.Map `ebpf:"maglev_tables"`
-	Nat          *ebpf.Map `ebpf:"nat"`
-	SourceRanges *ebpf.Map `ebpf:"source_ranges"`
-	Stats        *ebpf.Map `ebpf:"stats"`
-	SvcStats     *ebpf.Map `ebpf:"svc_stats"`
-	TxPorts      *ebpf.Map `ebpf:"tx_ports"`
+	Affinity      *ebpf.Map `ebpf:"affinity"`
+	Backends      *ebpf.Map `ebpf:"backends"`
+	Config        *ebpf.Map `ebpf:"config"`
+	Conntrack     *ebpf.Map `ebpf:"conntrack"`
+	FrontendPorts *ebpf.Map `ebpf:"frontend_ports"`
+	Frontends     *ebpf.Map `ebpf:"frontends"`
+	Ifaces        *ebpf.Map `ebpf:"ifaces"`
+	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
+	Nat           *ebpf.Map `ebpf:"nat"`
+	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
+	Stats         *ebpf.Map `ebpf:"stats"`
+	SvcStats      *ebpf.Map `ebpf:"svc_stats"`
+	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 }
 
 func (m *NicIngressMaps) Close() error {
@@ -142,6 +145,7 @@ func (m *NicIngressMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conntrack,
+		m.FrontendPorts,
 		m.Frontends,
 		m.Ifaces,
 		m.MaglevTables,

@@ -79,11 +79,61 @@ type Frontend struct {
 	Flags           uint16
 }
 
-// PutFrontend creates or replaces a frontend.
+// PutFrontend creates or replaces a frontend, marking its port in the
+// frontend port bitmap first so the datapath looks at the port.
 func (d *Dataplane) PutFrontend(k FrontendKey, v Frontend) error {
+	if err := d.setPortBit(k.Port, true); err != nil {
+		return fmt.Errorf("frontend %s: %w", k, err)
+	}
 	raw := xdp.NicFrontend{SvcId: v.SvcID, TableId: v.TableID, AffinityTimeout: v.AffinityTimeout, Flags: v.Flags}
 	if err := d.m.Frontends.Put(k.raw(), raw); err != nil {
 		return fmt.Errorf("frontend %s: %w", k, err)
+	}
+	return nil
+}
+
+func (d *Dataplane) setPortBit(port uint16, on bool) error {
+	word := uint32(port) / 64
+	bit := uint64(1) << (port % 64)
+	var bits uint64
+	if err := d.m.FrontendPorts.Lookup(word, &bits); err != nil {
+		return fmt.Errorf("read port bitmap: %w", err)
+	}
+	next := bits &^ bit
+	if on {
+		next = bits | bit
+	}
+	if next == bits {
+		return nil
+	}
+	if err := d.m.FrontendPorts.Put(word, next); err != nil {
+		return fmt.Errorf("write port bitmap: %w", err)
+	}
+	return nil
+}
+
+// SyncFrontendPorts makes the port bitmap hold exactly the ports of the
+// current frontends. Call it after deleting frontends: a port stays marked
+// while any frontend still uses it.
+func (d *Dataplane) SyncFrontendPorts() error {
+	fes, err := d.Frontends()
+	if err != nil {
+		return err
+	}
+	want := make([]uint64, 1024)
+	for k := range fes {
+		want[k.Port/64] |= uint64(1) << (k.Port % 64)
+	}
+	for word := range want {
+		var have uint64
+		if err := d.m.FrontendPorts.Lookup(uint32(word), &have); err != nil {
+			return fmt.Errorf("read port bitmap: %w", err)
+		}
+		if have != want[word] {
+			if err := d.m.FrontendPorts.Put(uint32(word), want[word]); err != nil {
+				return fmt.Errorf("write port bitmap: %w", err)
+			}
+		}
 	}
 	return nil
 }

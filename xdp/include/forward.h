@@ -42,6 +42,10 @@ static __always_inline int fib_lookup_ipv4(struct xdp_md *ctx, const struct pack
 	fib->ipv4_src = pkt->saddr;
 	fib->ipv4_dst = daddr;
 	fib->ifindex = ctx->ingress_ifindex;
+#ifdef EXP_NO_FIB
+	fib->ifindex = 3;
+	return 0;
+#endif
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 }
 
@@ -53,12 +57,6 @@ static __always_inline void ip_decrease_ttl(struct iphdr *ip)
 
 	ip->ttl--;
 	ip->check = csum_apply(ip->check, csum_delta16(0, before, *word));
-}
-
-static __always_inline void set_macs(struct ethhdr *eth, const struct bpf_fib_lookup *fib)
-{
-	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
 }
 
 /* Pass a translated packet up for the TC program to redirect. */
@@ -81,12 +79,16 @@ static __always_inline int handoff_to_tc(struct xdp_md *ctx, __u32 ifindex, enum
 	return XDP_PASS;
 }
 
-/*
- * Forward a translated packet whose headers are final. The FIB result must
- * come from a lookup of the packet's final destination.
- */
-static __always_inline int xdp_forward(struct xdp_md *ctx, struct packet *pkt,
-				       struct bpf_fib_lookup *fib, int fib_rc)
+static __always_inline void next_hop_from_fib(struct next_hop *hop, const struct bpf_fib_lookup *fib)
+{
+	hop->ifindex = fib->ifindex;
+	__builtin_memcpy(hop->dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(hop->smac, fib->smac, ETH_ALEN);
+}
+
+/* Send a translated packet to a known next hop. */
+static __always_inline int xdp_send(struct xdp_md *ctx, struct packet *pkt,
+				    const struct next_hop *hop)
 {
 	__u32 bytes = pkt->len;
 
@@ -94,10 +96,47 @@ static __always_inline int xdp_forward(struct xdp_md *ctx, struct packet *pkt,
 		count(STAT_DROP_TTL, bytes);
 		return XDP_DROP;
 	}
+	ip_decrease_ttl(pkt->ip);
+	if (hop->ifindex == ctx->ingress_ifindex) {
+		__builtin_memcpy(pkt->eth->h_dest, hop->dmac, ETH_ALEN);
+		__builtin_memcpy(pkt->eth->h_source, hop->smac, ETH_ALEN);
+		count(STAT_TX, bytes);
+		return XDP_TX;
+	}
+	if (bpf_redirect_map(&tx_ports, hop->ifindex, 0) == XDP_REDIRECT) {
+		__builtin_memcpy(pkt->eth->h_dest, hop->dmac, ETH_ALEN);
+		__builtin_memcpy(pkt->eth->h_source, hop->smac, ETH_ALEN);
+		count(STAT_REDIRECT, bytes);
+		return XDP_REDIRECT;
+	}
+	return handoff_to_tc(ctx, hop->ifindex, STAT_PASS_TO_STACK, bytes);
+}
 
+/*
+ * Forward a translated packet after a FIB lookup of its final destination.
+ * A successful result is stored in *cache (if given) for the flow's next
+ * packets; anything else clears it.
+ */
+static __always_inline int xdp_forward(struct xdp_md *ctx, struct packet *pkt,
+				       const struct bpf_fib_lookup *fib, int fib_rc,
+				       struct next_hop *cache)
+{
+	struct next_hop hop;
+	__u32 bytes = pkt->len;
+
+	if (fib_rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		next_hop_from_fib(&hop, fib);
+		if (cache)
+			*cache = hop;
+		return xdp_send(ctx, pkt, &hop);
+	}
+	if (cache)
+		cache->ifindex = 0;
+	if (pkt->ip->ttl <= 1) {
+		count(STAT_DROP_TTL, bytes);
+		return XDP_DROP;
+	}
 	switch (fib_rc) {
-	case BPF_FIB_LKUP_RET_SUCCESS:
-		break;
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
 		ip_decrease_ttl(pkt->ip);
 		return handoff_to_tc(ctx, fib->ifindex, STAT_PASS_NO_NEIGH, bytes);
@@ -111,19 +150,6 @@ static __always_inline int xdp_forward(struct xdp_md *ctx, struct packet *pkt,
 		count(STAT_DROP_NO_ROUTE, bytes);
 		return XDP_DROP;
 	}
-
-	ip_decrease_ttl(pkt->ip);
-	if (fib->ifindex == ctx->ingress_ifindex) {
-		set_macs(pkt->eth, fib);
-		count(STAT_TX, bytes);
-		return XDP_TX;
-	}
-	if (bpf_redirect_map(&tx_ports, fib->ifindex, 0) == XDP_REDIRECT) {
-		set_macs(pkt->eth, fib);
-		count(STAT_REDIRECT, bytes);
-		return XDP_REDIRECT;
-	}
-	return handoff_to_tc(ctx, fib->ifindex, STAT_PASS_TO_STACK, bytes);
 }
 
 #endif /* XDPLB_FORWARD_H */

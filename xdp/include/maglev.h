@@ -100,13 +100,11 @@ static __always_inline enum pick_result pick_backend(const struct frontend *fe,
 }
 
 /* Refresh the affinity entry of an established flow's client. */
-static __always_inline void affinity_touch(const struct frontend *fe, __be32 client, __u64 now)
+static __always_inline void affinity_touch(__u32 svc_id, __be32 client, __u64 now)
 {
-	struct affinity_key akey = { .svc_id = fe->svc_id, .client_addr = client };
+	struct affinity_key akey = { .svc_id = svc_id, .client_addr = client };
 	struct affinity_entry *aff;
 
-	if (fe->affinity_timeout == 0)
-		return;
 	aff = bpf_map_lookup_elem(&affinity, &akey);
 	if (aff && now - aff->last_seen_ns > NSEC_PER_SEC)
 		aff->last_seen_ns = now;

@@ -110,12 +110,23 @@ enum ct_tcp_state {
 enum ct_flags {
 	CT_F_SNAT = 1 << 0,     /* source rewritten to nat_addr:nat_port */
 	CT_F_EXTERNAL = 1 << 1, /* created by the XDP program for an external frontend */
+	CT_F_AFFINITY = 1 << 2, /* the service port has ClientIP affinity */
+};
+
+/* A cached FIB result: where to send the packets of a flow. Valid while
+ * the entry holding it was refreshed less than a second ago, so route and
+ * neighbour changes take effect within a second without an event feed. */
+struct next_hop {
+	__u32 ifindex; /* 0: nothing cached */
+	__u8 dmac[6];
+	__u8 smac[6];
 };
 
 /* Conntrack-lite: what a tracked flow is translated to. */
 struct ct_entry {
-	__u64 created_ns;   /* bpf_ktime_get_ns() clock */
+	__u64 created_ns;   /* CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns) */
 	__u64 last_seen_ns; /* refreshed at most once a second */
+	struct next_hop hop; /* toward the backend */
 	__u32 backend_id;
 	__u32 svc_id;
 	__be32 backend_addr; /* copy of the backend, to detect a removed backend */
@@ -142,6 +153,8 @@ struct nat_key {
  * nat_key it holds everything needed to rebuild the forward entry, so the
  * two halves of a flow repair each other after an LRU eviction. */
 struct nat_entry {
+	__u64 last_seen_ns;  /* refreshed at most once a second, by replies */
+	struct next_hop hop; /* toward the client */
 	__be32 client_addr;
 	__be32 frontend_addr;
 	__be16 client_port;
@@ -168,10 +181,12 @@ struct affinity_entry {
 
 /* ---- counters ---------------------------------------------------------- */
 
-/* Every verdict the datapath reaches has a reason; each is counted. */
+/* Every verdict the datapath reaches has a reason; each is counted. Every
+ * packet ends in exactly one STAT_PASS_*, STAT_TX, STAT_REDIRECT,
+ * STAT_REJECT_*, STAT_RST_* or STAT_DROP_* counter; the others count events
+ * on the way (a new flow, a repair). */
 enum stat {
-	STAT_RX = 0,              /* packets seen */
-	STAT_PASS_NOT_IPV4,       /* not IPv4: to the stack untouched */
+	STAT_PASS_NOT_IPV4 = 0,   /* not IPv4: to the stack untouched */
 	STAT_PASS_NOT_SERVICE,    /* no frontend, no NAT state: untouched */
 	STAT_PASS_IP_OPTIONS,     /* IPv4 with options: untouched */
 	STAT_PASS_FRAGMENT,       /* IPv4 fragment: untouched */
@@ -190,7 +205,7 @@ enum stat {
 	STAT_REJECT_ICMP,         /* no usable backend: ICMP port unreachable sent */
 	STAT_RST_BACKEND_GONE,    /* tracked TCP flow lost its backend: RST sent */
 	STAT_RESELECT_BACKEND_GONE, /* tracked flow lost its backend: new backend chosen */
-	STAT_CT_EXPIRED,          /* expired conntrack entry replaced */
+	STAT_CT_EXPIRED,          /* expired or closed conntrack entry replaced */
 	STAT_CT_REPAIRED,         /* forward entry rebuilt from its reverse entry */
 	STAT_NAT_REPAIRED,        /* reverse entry rebuilt from its forward entry */
 	STAT_NAT_PORT_MOVED,      /* reverse entry lost to another flow: new SNAT port */
@@ -249,6 +264,18 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, PIN);
 } tx_ports SEC(".maps");
+
+/* One bit per destination port that any frontend uses: the cheap first
+ * test that lets all other traffic pass after a single array lookup. */
+#define PORT_BITMAP_WORDS (65536 / 64)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PORT_BITMAP_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, PIN);
+} frontend_ports SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -48,6 +48,8 @@ static __always_inline void nat_entry_of(const struct ct_key *flow, const struct
 	entry->svc_id = ct->svc_id;
 	entry->flags = ct->flags;
 	entry->pad[0] = entry->pad[1] = entry->pad[2] = 0;
+	entry->last_seen_ns = ct->last_seen_ns;
+	__builtin_memset(&entry->hop, 0, sizeof(entry->hop));
 }
 
 /* Does a reverse entry belong to this forward flow? */
@@ -97,11 +99,12 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 	struct nat_key key;
 	struct nat_entry entry;
 	__u32 range, base;
+	long err;
 
 	nat_entry_of(flow, ct, &entry);
 	if (!(ct->flags & CT_F_SNAT)) {
 		nat_key_of(flow, ct, &key);
-		return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) ? -1 : 0;
+		return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) ? -2 : 0;
 	}
 
 	if (cfg->snat_port_max < cfg->snat_port_min)
@@ -110,13 +113,22 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 	base = flow_hash(flow->saddr, flow->daddr, flow->sport, flow->dport, flow->proto,
 			 cfg->hash_seed ^ 0x5a5a5a5a);
 	for (__u32 i = 0; i < SNAT_PORT_ATTEMPTS; i++) {
-		/* Probe a pseudo-random sequence of ports in the range. */
-		__u32 port = cfg->snat_port_min + (base + i * 40503u) % range;
+		/* Probe independent pseudo-random ports: a fixed stride
+		 * would cluster like linear probing and fail early. */
+		__u32 port = cfg->snat_port_min + hash_3words(base, i, 0, 0) % range;
 
 		ct->nat_port = bpf_htons((__u16)port);
 		nat_key_of(flow, ct, &key);
-		if (bpf_map_update_elem(&nat, &key, &entry, BPF_NOEXIST) == 0)
+		/* The first port is usually free: insert straight away. After
+		 * a collision, look before inserting: a failed LRU insert may
+		 * evict a live entry to make room it then does not use. */
+		if (i > 0 && bpf_map_lookup_elem(&nat, &key))
+			continue;
+		err = bpf_map_update_elem(&nat, &key, &entry, BPF_NOEXIST);
+		if (err == 0)
 			return 0;
+		if (err != -17 /* EEXIST */)
+			return -2;
 	}
 	return -1;
 }

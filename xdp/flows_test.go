@@ -1,0 +1,449 @@
+package xdp_test
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/tests/packet"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// udpService: NodePort 30053/UDP, policy Cluster, two remote backends.
+func udpService() service {
+	return service{
+		svcID: 3, tableID: 3,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30053, Proto: packet.UDP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends: map[uint32]dataplane.Backend{
+			11: {Addr: remotePod1, Port: 53},
+			12: {Addr: remotePod2, Port: 53},
+		},
+		table: []uint32{11, 12, 11, 12, 11, 12, 11},
+	}
+}
+
+func TestRemovedBackendTCPGetsRSTAndUDPMovesOn(t *testing.T) {
+	f := newFixture(t)
+	web, dns := webService(), udpService()
+	f.program(web)
+	f.program(dns)
+
+	tcpIn := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+	tcpIn.SrcPort = findClientPort(t, web, tcpIn, 1)
+	f.expectVerdict(f.run(tcpIn.Bytes(), f.nic0), xdpRedirect)
+	udpIn := udpFrame(clientAddr, 0, nodeAddr, 30053, "q")
+	udpIn.SrcPort = findClientPort(t, dns, udpIn, 11)
+	if out := decode(t, f.run(udpIn.Bytes(), f.nic0).out); out.Dst != remotePod1 {
+		t.Fatalf("UDP flow went to %s, want %s", out.Dst, remotePod1)
+	}
+
+	// Backend 10.244.1.10 goes away: ids 1 and 11 are freed, tables
+	// rebuilt without them.
+	web.table = []uint32{2, 3, 2, 3, 2, 3, 2}
+	dns.table = []uint32{12, 12, 12, 12, 12, 12, 12}
+	f.maps.DeleteBackend(1)
+	f.maps.DeleteBackend(11)
+	f.program(service{svcID: web.svcID, tableID: web.tableID, frontends: web.frontends, flags: web.flags, table: web.table})
+	f.program(service{svcID: dns.svcID, tableID: dns.tableID, frontends: dns.frontends, flags: dns.flags, table: dns.table})
+
+	ack := tcpIn
+	ack.Flags = packet.ACK
+	var r result
+	f.expectCounters(map[string]uint64{"rst_backend_gone": 1}, func() {
+		r = f.run(ack.Bytes(), f.nic0)
+	})
+	f.expectVerdict(r, xdpTX)
+	if out := decode(t, r.out); out.Flags&packet.RST == 0 || out.Dst != clientAddr {
+		t.Fatalf("want a RST to the client, got flags %#x to %s", out.Flags, out.Dst)
+	}
+
+	f.expectCounters(map[string]uint64{"reselect_backend_gone": 1, "new_flow": 1, "redirect": 1}, func() {
+		r = f.run(udpIn.Bytes(), f.nic0)
+	})
+	if out := decode(t, r.out); out.Dst != remotePod2 {
+		t.Fatalf("UDP flow after removal went to %s, want %s", out.Dst, remotePod2)
+	}
+
+	// An id reused for another address is a different backend.
+	f.maps.PutBackend(11, dataplane.Backend{Addr: netip.MustParseAddr("10.244.1.99"), Port: 53})
+	if _, ok, _ := f.maps.Flow(dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, udpIn.SrcPort),
+		Frontend: netip.AddrPortFrom(nodeAddr, 30053), Proto: packet.UDP}); !ok {
+		t.Fatal("re-selected UDP flow is not tracked")
+	}
+}
+
+func TestTerminatingBackendKeepsEstablishedFlows(t *testing.T) {
+	f := newFixture(t)
+	web := webService()
+	f.program(web)
+	in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+	in.SrcPort = findClientPort(t, web, in, 2)
+	f.expectVerdict(f.run(in.Bytes(), f.nic0), xdpRedirect)
+
+	// Backend 2 terminates: still in the backends map, out of the table.
+	term := backendRemote2
+	term.Terminating = true
+	web.backends[2] = term
+	web.table = []uint32{1, 3, 1, 3, 1, 3, 1}
+	f.program(web)
+
+	ack := in
+	ack.Flags = packet.ACK
+	if out := decode(t, f.run(ack.Bytes(), f.nic0).out); out.Dst != remotePod2 {
+		t.Fatalf("established flow moved to %s, want it to stay on terminating %s", out.Dst, remotePod2)
+	}
+	for port := uint16(100); port < 150; port++ {
+		out := decode(t, f.run(tcpFrame(clientAddr, port, nodeAddr, nodePort, packet.SYN, "").Bytes(), f.nic0).out)
+		if out.Dst == remotePod2 {
+			t.Fatalf("new flow from port %d sent to the terminating backend", port)
+		}
+	}
+}
+
+func TestExpiredFlowIsReplaced(t *testing.T) {
+	f := newFixture(t)
+	dns := udpService()
+	f.program(dns)
+	f.setTimeouts(time.Hour, time.Minute, 20*time.Millisecond)
+	in := udpFrame(clientAddr, 3333, nodeAddr, 30053, "q")
+	first := decode(t, f.run(in.Bytes(), f.nic0).out)
+	f.expectCounters(map[string]uint64{"redirect": 1}, func() {
+		f.run(in.Bytes(), f.nic0)
+	})
+	time.Sleep(50 * time.Millisecond)
+	var r result
+	f.expectCounters(map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}, func() {
+		r = f.run(in.Bytes(), f.nic0)
+	})
+	if out := decode(t, r.out); out.Dst != first.Dst {
+		t.Errorf("same tuple re-hashed to %s, Maglev says %s", out.Dst, first.Dst)
+	}
+	// The old reverse entry went with the old forward entry.
+	if n, _ := f.maps.ReverseEntries(); n != 1 {
+		t.Errorf("%d reverse entries after replacement, want 1", n)
+	}
+}
+
+func TestTCPPortReuseAfterCloseStartsNewFlow(t *testing.T) {
+	f := newFixture(t)
+	web := webService()
+	f.program(web)
+	in := tcpFrame(clientAddr, 4444, lbIP, lbPort, packet.SYN, "")
+	f.run(in.Bytes(), f.nic0)
+	fin := in
+	fin.Flags = packet.FIN | packet.ACK
+	f.run(fin.Bytes(), f.nic0)
+	f.expectCounters(map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}, func() {
+		f.run(in.Bytes(), f.nic0)
+	})
+}
+
+func TestSessionAffinityPinsClientToBackend(t *testing.T) {
+	f := newFixture(t)
+	web := webService()
+	web.affinitySeconds = 60
+	web.backends[3] = dataplane.Backend{Addr: netip.MustParseAddr("10.244.1.12"), Port: podPort}
+	f.program(web)
+	want := web.backends[web.table[xdp.ClientHash(farClient, seed)%uint32(len(web.table))]]
+	for port := uint16(2000); port < 2040; port++ {
+		out := decode(t, f.run(tcpFrame(farClient, port, lbIP, lbPort, packet.SYN, "").Bytes(), f.nic0).out)
+		if out.Dst != want.Addr {
+			t.Fatalf("connection from port %d went to %s, affinity says %s", port, out.Dst, want.Addr)
+		}
+	}
+	// Another client hashes independently, and the table still decides.
+	other := netip.MustParseAddr("198.51.100.8")
+	wantOther := web.backends[web.table[xdp.ClientHash(other, seed)%uint32(len(web.table))]]
+	if out := decode(t, f.run(tcpFrame(other, 2000, lbIP, lbPort, packet.SYN, "").Bytes(), f.nic0).out); out.Dst != wantOther.Addr {
+		t.Fatalf("second client went to %s, want %s", out.Dst, wantOther.Addr)
+	}
+}
+
+func TestUDPZeroChecksumStaysZero(t *testing.T) {
+	f := newFixture(t)
+	f.program(udpService())
+	in := udpFrame(clientAddr, 5000, nodeAddr, 30053, "no checksum")
+	in.NoUDPChecksum = true
+	out := decode(t, f.run(in.Bytes(), f.nic0).out)
+	if out.L4Checksum != 0 {
+		t.Fatalf("UDP checksum %#04x, want 0 (none)", out.L4Checksum)
+	}
+	with := udpFrame(clientAddr, 5001, nodeAddr, 30053, "with checksum")
+	if out := decode(t, f.run(with.Bytes(), f.nic0).out); out.L4Checksum == 0 {
+		t.Fatal("UDP checksum dropped")
+	}
+}
+
+func TestICMPFragNeededIsTranslatedToClient(t *testing.T) {
+	f := newFixture(t)
+	web := webService()
+	f.program(web)
+	in := tcpFrame(farClient, 0, lbIP, lbPort, packet.ACK, "data")
+	in.SrcPort = findClientPort(t, web, in, 1)
+	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
+
+	// A router on the way to the backend cannot forward it.
+	sentFrame := sent
+	sentFrame.TTL = 63
+	quote := sentFrame.IPv4Header()
+	router := netip.MustParseAddr("10.1.0.2")
+	icmp := packet.Frame{
+		SrcMAC: gwMAC, Src: router, Dst: sent.Src, Proto: packet.ICMP, ICMPType: 3, ICMPCode: 4,
+		ICMPRest: [4]byte{0, 0, 0x05, 0x78}, Payload: quote,
+	}
+	var r result
+	f.expectCounters(map[string]uint64{"icmp_translated": 1, "redirect": 1}, func() {
+		r = f.run(icmp.Bytes(), f.nic1)
+	})
+	f.expectVerdict(r, xdpRedirect)
+	out := decode(t, r.out)
+	if out.Dst != farClient || out.Src != router {
+		t.Errorf("ICMP %s -> %s, want %s -> %s", out.Src, out.Dst, router, farClient)
+	}
+	if binary.BigEndian.Uint16(out.ICMPRest[2:4]) != 1400 {
+		t.Errorf("MTU changed to %d", binary.BigEndian.Uint16(out.ICMPRest[2:4]))
+	}
+	q, err := packet.Decode(append(make([]byte, 14, 14+len(out.Payload)), out.Payload...))
+	if err != nil {
+		// The quote is only a header plus 8 bytes: decode the fields by hand.
+		q.Src = netip.AddrFrom4([4]byte(out.Payload[12:16]))
+		q.Dst = netip.AddrFrom4([4]byte(out.Payload[16:20]))
+		q.SrcPort = binary.BigEndian.Uint16(out.Payload[20:22])
+		q.DstPort = binary.BigEndian.Uint16(out.Payload[22:24])
+	}
+	if q.Src != farClient || q.SrcPort != in.SrcPort || q.Dst != lbIP || q.DstPort != lbPort {
+		t.Errorf("quote %s:%d -> %s:%d, want the client's own packet %s:%d -> %s:%d",
+			q.Src, q.SrcPort, q.Dst, q.DstPort, farClient, in.SrcPort, lbIP, lbPort)
+	}
+	if packet.Checksum(out.Payload[:20]) != 0 {
+		t.Error("quoted IP header checksum wrong")
+	}
+}
+
+func TestSNATPortExhaustionIsCountedDrop(t *testing.T) {
+	f := newFixture(t)
+	one := service{
+		svcID: 4, tableID: 4,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{21: backendRemote1},
+		table:     []uint32{21},
+	}
+	f.program(one)
+	f.setSNATRange(snatMin, snatMin+1) // two ports to the only backend
+	ports := map[uint16]bool{}
+	for p := uint16(1); p <= 2; p++ {
+		// Probe order depends on the tuple; try clients until both ports are used.
+		for c := uint16(0); len(ports) < int(p) && c < 200; c++ {
+			r := f.run(tcpFrame(clientAddr, 6000+c+p*1000, nodeAddr, 30100, packet.SYN, "").Bytes(), f.nic0)
+			if r.verdict == xdpRedirect {
+				ports[decode(t, r.out).SrcPort] = true
+			}
+		}
+	}
+	if len(ports) != 2 {
+		t.Fatalf("used SNAT ports %v, want both of the range", ports)
+	}
+	f.expectCounters(map[string]uint64{"drop_nat_exhausted": 1}, func() {
+		f.expectVerdict(f.run(tcpFrame(clientAddr, 9999, nodeAddr, 30100, packet.SYN, "").Bytes(), f.nic0), xdpDrop)
+	})
+}
+
+func TestFlowHalvesRepairEachOther(t *testing.T) {
+	f := newFixture(t)
+	web := webService()
+	f.program(web)
+	in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+	in.SrcPort = findClientPort(t, web, in, 1)
+	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
+	key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort), Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+	flow, _, _ := f.maps.Flow(key)
+
+	// Lose the reverse half: the next forward packet restores it.
+	rk := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Daddr: xdp.AddrToNet(nic1Addr),
+		Sport: xdp.PortToNet(podPort), Dport: xdp.PortToNet(sent.SrcPort), Proto: packet.TCP}
+	if err := f.dp.Maps.NAT.Delete(rk); err != nil {
+		t.Fatal(err)
+	}
+	// Checks happen once a second per flow: make this one due.
+	f.ageFlow(key)
+	ack := in
+	ack.Flags = packet.ACK
+	f.expectCounters(map[string]uint64{"nat_repaired": 1, "redirect": 1}, func() {
+		f.run(ack.Bytes(), f.nic0)
+	})
+	if n, _ := f.maps.ReverseEntries(); n != 1 {
+		t.Fatalf("%d reverse entries, want 1", n)
+	}
+
+	// Lose the forward half: a reply restores it, with the same backend.
+	if err := f.dp.Maps.Conntrack.Delete(xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
+		Sport: xdp.PortToNet(in.SrcPort), Dport: xdp.PortToNet(nodePort), Proto: packet.TCP}); err != nil {
+		t.Fatal(err)
+	}
+	f.ageReverse(rk)
+	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
+	f.expectCounters(map[string]uint64{"ct_repaired": 1, "reverse_nat": 1, "redirect": 1}, func() {
+		f.run(reply.Bytes(), f.nic1)
+	})
+	again, ok, _ := f.maps.Flow(key)
+	if !ok || again.Backend != flow.Backend || again.NAT != flow.NAT {
+		t.Fatalf("rebuilt flow %+v, was %+v", again, flow)
+	}
+}
+
+func TestStaleReplyIsDropped(t *testing.T) {
+	f := newFixture(t)
+	web := webService()
+	f.program(web)
+	in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+	in.SrcPort = findClientPort(t, web, in, 1)
+	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
+	// The client tuple now belongs to a flow to another backend.
+	key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort), Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
+		Sport: xdp.PortToNet(in.SrcPort), Dport: xdp.PortToNet(nodePort), Proto: packet.TCP}
+	var e xdp.NicCtEntry
+	f.dp.Maps.Conntrack.Lookup(raw, &e)
+	e.BackendId, e.BackendAddr = 2, xdp.AddrToNet(remotePod2)
+	f.dp.Maps.Conntrack.Put(raw, e)
+	f.ageFlow(key)
+	f.ageReverse(xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Daddr: xdp.AddrToNet(nic1Addr),
+		Sport: xdp.PortToNet(podPort), Dport: xdp.PortToNet(sent.SrcPort), Proto: packet.TCP})
+	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
+	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
+		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
+	})
+	// The stale reverse entry is gone: the next such reply is not ours.
+	f.expectCounters(map[string]uint64{"pass_not_service": 1}, func() {
+		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpPass)
+	})
+}
+
+func TestForwardingFailures(t *testing.T) {
+	f := newFixture(t)
+	lost := service{
+		svcID: 5, tableID: 5,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30200, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{31: {Addr: netip.MustParseAddr("100.64.0.1"), Port: 80}},
+		table:     []uint32{31},
+	}
+	unresolved := service{
+		svcID: 6, tableID: 6,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30201, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{32: {Addr: netip.MustParseAddr("10.244.2.7"), Port: 80}},
+		table:     []uint32{32},
+	}
+	f.program(lost)
+	f.program(unresolved)
+	f.program(webService())
+
+	t.Run("no route", func(t *testing.T) {
+		f.t = t
+		f.expectCounters(map[string]uint64{"drop_no_route": 1, "new_flow": 1}, func() {
+			f.expectVerdict(f.run(tcpFrame(clientAddr, 7000, nodeAddr, 30200, packet.SYN, "").Bytes(), f.nic0), xdpDrop)
+		})
+	})
+	t.Run("unresolved next hop", func(t *testing.T) {
+		f.t = t
+		var r result
+		f.expectCounters(map[string]uint64{"pass_no_neigh": 1, "new_flow": 1}, func() {
+			r = f.run(tcpFrame(clientAddr, 7001, nodeAddr, 30201, packet.SYN, "").Bytes(), f.nic0)
+		})
+		f.expectVerdict(r, xdpPass)
+		out := decode(t, r.out)
+		if out.Dst != netip.MustParseAddr("10.244.2.7") || out.Src != nic1Addr {
+			t.Errorf("handed over untranslated: %s -> %s", out.Src, out.Dst)
+		}
+		if idx, err := handoffIfindex(r.meta); err != nil || idx != f.nic1 {
+			t.Errorf("handoff to %d (%v), want nic1 %d", idx, err, f.nic1)
+		}
+	})
+	t.Run("ttl expires", func(t *testing.T) {
+		f.t = t
+		in := tcpFrame(clientAddr, 7002, nodeAddr, nodePort, packet.SYN, "")
+		in.TTL = 1
+		f.expectCounters(map[string]uint64{"drop_ttl": 1, "new_flow": 1}, func() {
+			f.expectVerdict(f.run(in.Bytes(), f.nic0), xdpDrop)
+		})
+	})
+	t.Run("cluster ip seen on the nic", func(t *testing.T) {
+		f.t = t
+		f.maps.PutFrontend(dataplane.FrontendKey{Addr: clusterIP, Port: 80, Proto: packet.TCP},
+			dataplane.Frontend{SvcID: 1, TableID: 1})
+		in := tcpFrame(clientAddr, 7003, clusterIP, 80, packet.SYN, "")
+		f.expectCounters(map[string]uint64{"pass_internal": 1}, func() {
+			r := f.run(in.Bytes(), f.nic0)
+			f.expectVerdict(r, xdpPass)
+			if !sameBytes(r.out, in.Bytes()) {
+				t.Error("ClusterIP packet modified at the NIC")
+			}
+		})
+	})
+	t.Run("forwarding disabled", func(t *testing.T) {
+		f.t = t
+		f.ns.Sysctl("net.ipv4.conf.nic0.forwarding", "0")
+		defer f.ns.Sysctl("net.ipv4.conf.nic0.forwarding", "1")
+		f.expectCounters(map[string]uint64{"drop_fwd_disabled": 1, "new_flow": 1}, func() {
+			f.expectVerdict(f.run(tcpFrame(clientAddr, 7004, nodeAddr, nodePort, packet.SYN, "").Bytes(), f.nic0), xdpDrop)
+		})
+	})
+}
+
+func TestReplyToSameDeviceUsesTX(t *testing.T) {
+	f := newFixture(t)
+	// A backend reached through the client-facing NIC (single-NIC node).
+	svc := service{
+		svcID: 7, tableID: 7,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30300, Proto: packet.UDP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{41: {Addr: netip.MustParseAddr("198.51.100.50"), Port: 53}},
+		table:     []uint32{41},
+	}
+	f.program(svc)
+	var r result
+	f.expectCounters(map[string]uint64{"tx": 1, "new_flow": 1}, func() {
+		r = f.run(udpFrame(clientAddr, 8000, nodeAddr, 30300, "x").Bytes(), f.nic0)
+	})
+	f.expectVerdict(r, xdpTX)
+	out := decode(t, r.out)
+	if out.Src != nodeAddr {
+		t.Errorf("SNAT source %s, want nic0's %s", out.Src, nodeAddr)
+	}
+	if !sameBytes(out.DstMAC, gw0MAC) {
+		t.Errorf("next hop MAC %s, want gateway %s", out.DstMAC, gw0MAC)
+	}
+}
+
+// ageFlow makes a flow's once-a-second checks due on its next packet.
+func (f *fixture) ageFlow(k dataplane.FlowKey) {
+	f.t.Helper()
+	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(k.Client.Addr()), Daddr: xdp.AddrToNet(k.Frontend.Addr()),
+		Sport: xdp.PortToNet(k.Client.Port()), Dport: xdp.PortToNet(k.Frontend.Port()), Proto: k.Proto}
+	var e xdp.NicCtEntry
+	if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
+		f.t.Fatalf("age flow: %v", err)
+	}
+	e.LastSeenNs -= uint64(2 * time.Second)
+	if err := f.dp.Maps.Conntrack.Put(raw, e); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// ageReverse does the same for a reverse entry.
+func (f *fixture) ageReverse(k xdp.NicNatKey) {
+	f.t.Helper()
+	var e xdp.NicNatEntry
+	if err := f.dp.Maps.NAT.Lookup(k, &e); err != nil {
+		f.t.Fatalf("age reverse entry: %v", err)
+	}
+	e.LastSeenNs -= uint64(2 * time.Second)
+	if err := f.dp.Maps.NAT.Put(k, e); err != nil {
+		f.t.Fatal(err)
+	}
+}
