@@ -17,7 +17,7 @@ DEB_PACKAGES := clang-16 llvm-16 libbpf-dev linux-libc-dev iproute2 iptables nft
 
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all deps generate build test test-unit bench lint demo clean
+.PHONY: all deps generate build k8s-bins test test-unit bench lint demo clean
 
 all: build
 
@@ -40,8 +40,13 @@ generate: deps
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/xdplb
 
+## k8s-bins: build kube-apiserver and etcd from the Go module proxy, once
+## (cached under ~/.cache/xdplb, keyed by version).
+k8s-bins:
+	./tests/apiserver/build.sh
+
 ## test: every test tier, for real: needs root and a BPF-capable kernel.
-test: deps build
+test: deps build k8s-bins
 	$(GO) test -count=1 -timeout 60m ./...
 
 ## test-unit: the tests that need neither root nor a kernel.
@@ -58,9 +63,11 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-## demo: the agent on its embedded default, in a network-namespace sandbox.
+## demo: the agent on its embedded default (a services file) in a sandbox of
+## network namespaces: client, edge node, second node with pods.
 demo: deps build
-	./demo/demo.sh
+	CGO_ENABLED=0 $(GO) build -o bin/xdplb-demo ./cmd/xdplb-demo
+	./bin/xdplb-demo -xdplb $(BIN)
 
 clean:
 	rm -rf bin

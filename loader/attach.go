@@ -243,3 +243,13 @@ func FirstIPv4(dev netlink.Link) (net.IP, error) {
 	}
 	return nil, nil
 }
+
+// RefreshInterface re-reads an attached interface's address (its SNAT
+// source) after an address change.
+func (d *Datapath) RefreshInterface(ifname string) error {
+	dev, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return fmt.Errorf("interface %s: %w", ifname, err)
+	}
+	return d.registerInterface(dev)
+}

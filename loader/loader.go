@@ -32,6 +32,8 @@ type Maps struct {
 	Affinity      *ebpf.Map
 	Stats         *ebpf.Map
 	SvcStats      *ebpf.Map
+	SvcNames      *ebpf.Map
+	AgentState    *ebpf.Map
 }
 
 // byName maps the C names of the maps to their handles.
@@ -50,6 +52,8 @@ func (m *Maps) byName() map[string]**ebpf.Map {
 		"affinity":       &m.Affinity,
 		"stats":          &m.Stats,
 		"svc_stats":      &m.SvcStats,
+		"svc_names":      &m.SvcNames,
+		"agent":          &m.AgentState,
 	}
 }
 
@@ -222,6 +226,7 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) error {
 		"nat":           opts.NATMax,
 		"affinity":      opts.AffinityMax,
 		"svc_stats":     opts.ServicesMax,
+		"svc_names":     opts.ServicesMax,
 	}
 	for name, size := range sizes {
 		m, ok := spec.Maps[name]

@@ -31,16 +31,15 @@ var (
 	clientAddr = netip.MustParseAddr("192.0.2.10")
 	farClient  = netip.MustParseAddr("198.51.100.7") // via gateway 192.0.2.254
 	nic1Addr   = netip.MustParseAddr("10.1.0.1")
-	gwAddr     = netip.MustParseAddr("10.1.0.2")
 	localPod   = netip.MustParseAddr("10.244.0.5")
 	remotePod1 = netip.MustParseAddr("10.244.1.10")
 	remotePod2 = netip.MustParseAddr("10.244.1.11")
 	lbIP       = netip.MustParseAddr("203.0.113.10")
 	clusterIP  = netip.MustParseAddr("10.96.0.10")
 
-	clientMAC  = net.HardwareAddr{0x02, 0xc1, 0, 0, 0, 0x0a}
-	gw0MAC     = net.HardwareAddr{0x02, 0xc1, 0, 0, 0, 0xfe}
-	gwMAC      = net.HardwareAddr{0x02, 0x6a, 0, 0, 0, 0x02}
+	clientMAC   = net.HardwareAddr{0x02, 0xc1, 0, 0, 0, 0x0a}
+	gw0MAC      = net.HardwareAddr{0x02, 0xc1, 0, 0, 0, 0xfe}
+	gwMAC       = net.HardwareAddr{0x02, 0x6a, 0, 0, 0, 0x02}
 	localPodMAC = net.HardwareAddr{0x02, 0x0d, 0, 0, 0, 0x05}
 )
 

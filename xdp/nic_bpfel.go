@@ -28,6 +28,17 @@ type NicAffinityKey struct {
 	ClientAddr uint32
 }
 
+type NicAgentState struct {
+	_              structs.HostLayout
+	LastSyncUnixNs uint64
+	Syncs          uint64
+	StartedUnixNs  uint64
+	Pid            uint32
+	ServicePorts   uint32
+	Problems       uint32
+	Pad            uint32
+}
+
 type NicBackend struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -223,11 +234,17 @@ type NicSvcCounter struct {
 	NewFlows uint64
 }
 
+type NicSvcName struct {
+	_   structs.HostLayout
+	Key [248]int8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	NicMapAffinity         = "affinity"
+	NicMapAgent            = "agent"
 	NicMapBackends         = "backends"
 	NicMapConfig           = "config"
 	NicMapConntrack        = "conntrack"
@@ -238,6 +255,7 @@ const (
 	NicMapNat              = "nat"
 	NicMapSourceRanges     = "source_ranges"
 	NicMapStats            = "stats"
+	NicMapSvcNames         = "svc_names"
 	NicMapSvcStats         = "svc_stats"
 	NicMapTxPorts          = "tx_ports"
 	NicProgXdplbNic        = "xdplb_nic"
@@ -294,6 +312,7 @@ type NicProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type NicMapSpecs struct {
 	Affinity      *ebpf.MapSpec `ebpf:"affinity"`
+	Agent         *ebpf.MapSpec `ebpf:"agent"`
 	Backends      *ebpf.MapSpec `ebpf:"backends"`
 	Config        *ebpf.MapSpec `ebpf:"config"`
 	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
@@ -304,6 +323,7 @@ type NicMapSpecs struct {
 	Nat           *ebpf.MapSpec `ebpf:"nat"`
 	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	SvcNames      *ebpf.MapSpec `ebpf:"svc_names"`
 	SvcStats      *ebpf.MapSpec `ebpf:"svc_stats"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 }
@@ -336,6 +356,7 @@ func (o *NicObjects) Close() error {
 // It can be passed to LoadNicObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NicMaps struct {
 	Affinity      *ebpf.Map `ebpf:"affinity"`
+	Agent         *ebpf.Map `ebpf:"agent"`
 	Backends      *ebpf.Map `ebpf:"backends"`
 	Config        *ebpf.Map `ebpf:"config"`
 	Conntrack     *ebpf.Map `ebpf:"conntrack"`
@@ -346,6 +367,7 @@ type NicMaps struct {
 	Nat           *ebpf.Map `ebpf:"nat"`
 	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
 	Stats         *ebpf.Map `ebpf:"stats"`
+	SvcNames      *ebpf.Map `ebpf:"svc_names"`
 	SvcStats      *ebpf.Map `ebpf:"svc_stats"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 }
@@ -353,6 +375,7 @@ type NicMaps struct {
 func (m *NicMaps) Close() error {
 	return _NicClose(
 		m.Affinity,
+		m.Agent,
 		m.Backends,
 		m.Config,
 		m.Conntrack,
@@ -363,6 +386,7 @@ func (m *NicMaps) Close() error {
 		m.Nat,
 		m.SourceRanges,
 		m.Stats,
+		m.SvcNames,
 		m.SvcStats,
 		m.TxPorts,
 	)

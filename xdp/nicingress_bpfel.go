@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	NicIngressMapAffinity         = "affinity"
+	NicIngressMapAgent            = "agent"
 	NicIngressMapBackends         = "backends"
 	NicIngressMapConfig           = "config"
 	NicIngressMapConntrack        = "conntrack"
@@ -27,6 +28,7 @@ const (
 	NicIngressMapNat              = "nat"
 	NicIngressMapSourceRanges     = "source_ranges"
 	NicIngressMapStats            = "stats"
+	NicIngressMapSvcNames         = "svc_names"
 	NicIngressMapSvcStats         = "svc_stats"
 	NicIngressMapTxPorts          = "tx_ports"
 	NicIngressProgXdplbNicIngress = "xdplb_nic_ingress"
@@ -83,6 +85,7 @@ type NicIngressProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type NicIngressMapSpecs struct {
 	Affinity      *ebpf.MapSpec `ebpf:"affinity"`
+	Agent         *ebpf.MapSpec `ebpf:"agent"`
 	Backends      *ebpf.MapSpec `ebpf:"backends"`
 	Config        *ebpf.MapSpec `ebpf:"config"`
 	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
@@ -93,6 +96,7 @@ type NicIngressMapSpecs struct {
 	Nat           *ebpf.MapSpec `ebpf:"nat"`
 	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	SvcNames      *ebpf.MapSpec `ebpf:"svc_names"`
 	SvcStats      *ebpf.MapSpec `ebpf:"svc_stats"`
 	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
 }
@@ -125,6 +129,7 @@ func (o *NicIngressObjects) Close() error {
 // It can be passed to LoadNicIngressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NicIngressMaps struct {
 	Affinity      *ebpf.Map `ebpf:"affinity"`
+	Agent         *ebpf.Map `ebpf:"agent"`
 	Backends      *ebpf.Map `ebpf:"backends"`
 	Config        *ebpf.Map `ebpf:"config"`
 	Conntrack     *ebpf.Map `ebpf:"conntrack"`
@@ -135,6 +140,7 @@ type NicIngressMaps struct {
 	Nat           *ebpf.Map `ebpf:"nat"`
 	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
 	Stats         *ebpf.Map `ebpf:"stats"`
+	SvcNames      *ebpf.Map `ebpf:"svc_names"`
 	SvcStats      *ebpf.Map `ebpf:"svc_stats"`
 	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
 }
@@ -142,6 +148,7 @@ type NicIngressMaps struct {
 func (m *NicIngressMaps) Close() error {
 	return _NicIngressClose(
 		m.Affinity,
+		m.Agent,
 		m.Backends,
 		m.Config,
 		m.Conntrack,
@@ -152,6 +159,7 @@ func (m *NicIngressMaps) Close() error {
 		m.Nat,
 		m.SourceRanges,
 		m.Stats,
+		m.SvcNames,
 		m.SvcStats,
 		m.TxPorts,
 	)

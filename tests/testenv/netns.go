@@ -1,117 +1,68 @@
 package testenv
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
-	"os/exec"
-	"runtime"
-	"strings"
 	"testing"
 
-	"github.com/vishvananda/netns"
+	"github.com/xdplb/xdplb/tests/netns"
 )
 
 // Netns is a network namespace created for one test and removed after it.
 type Netns struct {
-	Name string
-	t    testing.TB
+	*netns.NS
+	t testing.TB
 }
 
-// NewNetns creates a named network namespace (visible to `ip netns`), with
-// loopback up. It is deleted when the test ends, together with every
-// interface in it.
+// NewNetns creates a namespace (visible to `ip netns`), with loopback up.
+// It is deleted when the test ends, together with every interface and
+// process in it.
 func NewNetns(t testing.TB, prefix string) *Netns {
 	t.Helper()
 	RequirePrivileged(t)
 	RequireCommand(t, "ip")
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	ns, err := netns.New("xlb-" + prefix)
+	if err != nil {
 		t.Fatal(err)
 	}
-	name := fmt.Sprintf("xlb-%s-%s", prefix, hex.EncodeToString(b[:]))
-	Run(t, "ip", "netns", "add", name)
-	n := &Netns{Name: name, t: t}
 	t.Cleanup(func() {
-		// Kill what still runs in it, then remove it.
-		if out, err := exec.Command("ip", "netns", "pids", name).Output(); err == nil {
-			for _, pid := range strings.Fields(string(out)) {
-				exec.Command("kill", "-9", pid).Run()
-			}
-		}
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		if err := ns.Delete(); err != nil {
+			t.Errorf("delete namespace: %v", err)
 		}
 	})
-	n.IP("link", "set", "lo", "up")
-	return n
+	return &Netns{NS: ns, t: t}
 }
 
-// IP runs `ip -n <ns> args...`.
+// IP runs `ip -n <ns> args...` and fails the test on error.
 func (n *Netns) IP(args ...string) string {
 	n.t.Helper()
-	return Run(n.t, "ip", append([]string{"-n", n.Name}, args...)...)
+	out, err := n.NS.IP(args...)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return out
 }
 
-// Exec runs a command inside the namespace and returns its output.
+// Exec runs a command inside the namespace and fails the test on error.
 func (n *Netns) Exec(name string, args ...string) string {
 	n.t.Helper()
-	return Run(n.t, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+	out, err := n.NS.Exec(name, args...)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return out
 }
 
-// Command prepares (without starting) a command inside the namespace.
-func (n *Netns) Command(name string, args ...string) *exec.Cmd {
-	return exec.Command("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
-}
-
-// Sysctl sets a sysctl inside the namespace.
+// Sysctl sets a sysctl inside the namespace and fails the test on error.
 func (n *Netns) Sysctl(key, value string) {
 	n.t.Helper()
-	n.Exec("sysctl", "-qw", key+"="+value)
+	if err := n.NS.Sysctl(key, value); err != nil {
+		n.t.Fatal(err)
+	}
 }
 
-// Do runs fn on an OS thread that has entered the namespace. Syscalls fn
-// makes (BPF_PROG_TEST_RUN, netlink, sockets) act inside it.
-func (n *Netns) Do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		// The thread is left locked on purpose when switching back
-		// fails: the runtime then discards it instead of reusing a
-		// thread stuck in the wrong namespace.
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(n.Name)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- err
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("return to the original namespace: %w", err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
-
-// Veth creates a veth pair between two namespaces (either may be nil for
-// the test's own namespace, which tests should not use) and brings both
-// ends up.
+// Veth creates a veth pair between two namespaces, both ends up.
 func Veth(t testing.TB, a *Netns, aName string, b *Netns, bName string) {
 	t.Helper()
-	Run(t, "ip", "link", "add", aName, "netns", a.Name, "type", "veth", "peer", "name", bName, "netns", b.Name)
-	a.IP("link", "set", aName, "up")
-	b.IP("link", "set", bName, "up")
+	if err := netns.Veth(a.NS, aName, b.NS, bName); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -361,6 +361,44 @@ struct {
 	__uint(pinning, PIN);
 } svc_stats SEC(".maps");
 
+/* ---- for operators ----------------------------------------------------- */
+
+/* Not used by the programs: the agent records here what the introspection
+ * commands need to name things, so they work from the pins alone, while an
+ * agent runs or after it stopped. */
+#define SVC_NAME_LEN 248
+
+struct svc_name {
+	char key[SVC_NAME_LEN]; /* "namespace/name:port/PROTOCOL", NUL-padded */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32); /* svc_id */
+	__type(value, struct svc_name);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, PIN);
+} svc_names SEC(".maps");
+
+struct agent_state {
+	__u64 last_sync_unix_ns;  /* end of the last successful sync */
+	__u64 syncs;              /* successful syncs since the agent started */
+	__u64 started_unix_ns;    /* when the agent started */
+	__u32 pid;
+	__u32 service_ports;      /* service ports programmed */
+	__u32 problems;           /* service ports with problems in the last sync */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct agent_state);
+	__uint(pinning, PIN);
+} agent SEC(".maps");
+
 /* Flag enums are only used as values, so nothing would put them in BTF;
  * this pointer does, so bpf2go can export them to Go. */
 struct datapath_flags {

@@ -1,0 +1,501 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/control/health"
+	"github.com/xdplb/xdplb/control/metrics"
+	"github.com/xdplb/xdplb/control/model"
+	"github.com/xdplb/xdplb/control/reconcile"
+	"github.com/xdplb/xdplb/control/source"
+	"github.com/xdplb/xdplb/loader"
+)
+
+// Agent is one running xdplb agent.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	dp      *loader.Datapath
+	plane   *dataplane.Dataplane
+	rec     *reconcile.Reconciler
+	src     source.Source
+	tracker *health.Tracker
+	metrics *metrics.Metrics
+	hcNodes *health.NodePortServers
+
+	trigger chan struct{}
+	pending atomic.Int64
+
+	started      time.Time
+	syncs        uint64
+	lastTrigger  map[string]time.Time // service port key -> last-change-trigger-time observed
+	seenProblems map[string]bool
+}
+
+// Start loads and attaches the datapath and connects to the source. On
+// error nothing that this call attached stays attached.
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
+	a := &Agent{
+		cfg: cfg, log: log,
+		trigger:      make(chan struct{}, 1),
+		started:      time.Now(),
+		lastTrigger:  map[string]time.Time{},
+		seenProblems: map[string]bool{},
+	}
+	src, err := a.newSource()
+	if err != nil {
+		return nil, err
+	}
+	a.src = src
+
+	if err := reserveSNATPorts(cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+		return nil, err
+	}
+	dp, err := loader.Load(cfg.Datapath, log)
+	if err != nil {
+		return nil, err
+	}
+	a.dp = dp
+	a.plane = dataplane.New(&dp.Maps)
+	if err := a.attach(); err != nil {
+		dp.Close()
+		return nil, err
+	}
+	a.rec, err = reconcile.New(a.plane, reconcile.Config{
+		MaglevMaxSize: cfg.MaglevTableSize,
+		MaglevSeed:    cfg.MaglevSeed,
+		ServicesMax:   cfg.Datapath.ServicesMax,
+		BackendsMax:   cfg.Datapath.BackendsMax,
+	}, log)
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	a.tracker = health.NewTracker(cfg.HealthTimeout, cfg.NodeName, nil)
+	a.metrics = metrics.New(a.plane, log)
+	a.hcNodes = health.NewNodePortServers(a.tracker, "", log)
+	return a, nil
+}
+
+func (a *Agent) newSource() (source.Source, error) {
+	if a.cfg.ServicesFile != "" {
+		return source.NewFile(a.cfg.ServicesFile, a.log, source.WithProxyName(a.cfg.ProxyName)), nil
+	}
+	var restCfg *rest.Config
+	var err error
+	if a.cfg.Kubeconfig != "" {
+		restCfg, err = clientcmd.BuildConfigFromFlags("", a.cfg.Kubeconfig)
+	} else {
+		restCfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	restCfg.UserAgent = "xdplb"
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return source.NewKubernetes(client, source.KubernetesOptions{
+		NodeName: a.cfg.NodeName, ProxyName: a.cfg.ProxyName, ResyncPeriod: 0,
+	}, a.log), nil
+}
+
+// attach attaches the datapath to every interface, rolling back the new
+// attachments if one fails.
+func (a *Agent) attach() error {
+	for _, ifname := range a.cfg.Interfaces {
+		att, err := a.dp.AttachNIC(ifname, a.cfg.XDPMode)
+		if err != nil {
+			return err
+		}
+		a.log.Info("datapath attached", "interface", att.Interface, "xdp_mode", att.Mode,
+			"tc", att.TCMode, "xdp_prog_id", att.XDPProgID, "tc_prog_id", att.TCProgID)
+	}
+	return nil
+}
+
+// Run serves until ctx ends. The datapath stays attached afterwards.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.dp.Close()
+	defer a.hcNodes.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	errc := make(chan error, 4)
+	if a.cfg.HealthzAddress != "" {
+		if err := a.serve(ctx, "healthz", a.cfg.HealthzAddress, a.tracker.Handler(), errc); err != nil {
+			return err
+		}
+	}
+	if a.cfg.MetricsAddress != "" {
+		if err := a.serve(ctx, "metrics", a.cfg.MetricsAddress, a.metrics.Handler(), errc); err != nil {
+			return err
+		}
+	}
+	go func() {
+		if err := a.src.Run(ctx, a.notify); err != nil {
+			errc <- fmt.Errorf("source: %w", err)
+		}
+	}()
+	go a.watchAddresses(ctx)
+
+	a.loop(ctx, errc)
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// notify records a change and wakes the sync loop.
+func (a *Agent) notify() {
+	a.pending.Add(1)
+	a.metrics.PendingChanges.Set(float64(a.pending.Load()))
+	a.tracker.Queued()
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// loop is the bounded-frequency sync loop: a burst of changes leads to one
+// sync once MinSyncPeriod has passed since the previous one; a failed
+// sync is retried with backoff; every SyncPeriod a full sync runs anyway.
+func (a *Agent) loop(ctx context.Context, errc chan error) {
+	var lastSync time.Time
+	retry := time.Duration(0)
+	periodic := time.NewTicker(a.cfg.SyncPeriod)
+	defer periodic.Stop()
+	for {
+		var wake <-chan time.Time
+		if retry > 0 {
+			wake = time.After(retry)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case err := <-errc:
+			errc <- err
+			return
+		case <-a.trigger:
+		case <-periodic.C:
+		case <-wake:
+		}
+		if wait := a.cfg.MinSyncPeriod - time.Since(lastSync); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		// Drain a trigger that arrived meanwhile: this sync covers it.
+		select {
+		case <-a.trigger:
+		default:
+		}
+		lastSync = time.Now()
+		if err := a.sync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			retry = min(max(2*retry, 100*time.Millisecond), 10*time.Second)
+			a.log.Error("sync failed, retrying", "error", err, "retry_in", retry)
+			a.metrics.Syncs.WithLabelValues("error").Inc()
+			continue
+		}
+		retry = 0
+	}
+}
+
+// sync computes the desired state from the source and applies it.
+func (a *Agent) sync(ctx context.Context) error {
+	st := a.src.Status()
+	a.reportSource(st)
+	if !st.Synced {
+		return nil // nothing complete to program yet; keep what is pinned
+	}
+	start := time.Now()
+	pending := a.pending.Swap(0)
+	snap := a.src.Snapshot()
+	node := model.NodeInfo{Name: a.cfg.NodeName, Addresses: a.nodeAddresses(snap), ProxyName: a.cfg.ProxyName}
+	state, problems := model.Compute(model.Input{Services: snap.Services, Slices: snap.Slices, Node: node})
+	state = a.filterNodePorts(state, &problems)
+
+	res, err := a.rec.Apply(ctx, state)
+	if err != nil {
+		a.pending.Add(pending)
+		return err
+	}
+	elapsed := time.Since(start)
+	a.metrics.SyncDuration.Observe(elapsed.Seconds())
+	if res.MaglevBuilds > 0 {
+		a.metrics.MaglevBuildDuration.Observe(res.MaglevTime.Seconds())
+	}
+	a.metrics.Syncs.WithLabelValues("ok").Inc()
+	a.metrics.LastSync.SetToCurrentTime()
+	a.metrics.ServicePorts.Set(float64(len(state.Services)))
+	a.metrics.PendingChanges.Set(float64(a.pending.Load()))
+	a.observeProgramming(state)
+	if a.pending.Load() == 0 {
+		a.tracker.Updated()
+	}
+
+	all := make([]string, 0, len(problems)+len(res.Problems))
+	for _, p := range problems {
+		all = append(all, p.String())
+	}
+	all = append(all, res.Problems...)
+	a.metrics.Problems.Set(float64(len(all)))
+	a.logProblems(all)
+
+	if res.Changed() {
+		a.log.Info("datapath synced", "service_ports", len(state.Services), "duration", elapsed,
+			"backends_added", res.BackendsAdded, "backends_removed", res.BackendsRemoved,
+			"tables_written", res.TablesWritten, "tables_removed", res.TablesRemoved,
+			"frontends_written", res.FrontendsWritten, "frontends_removed", res.FrontendsRemoved,
+			"maglev_builds", res.MaglevBuilds)
+	} else {
+		a.log.Debug("datapath in sync", "service_ports", len(state.Services), "duration", elapsed)
+	}
+	if len(res.RemovedBackends) > 0 {
+		go func() {
+			n, err := reconcile.PurgeFlows(ctx, a.plane, res.RemovedBackends)
+			if err != nil && ctx.Err() == nil {
+				a.log.Warn("purge flows of removed backends", "error", err)
+			} else if n > 0 {
+				a.log.Info("flows of removed backends purged", "flows", n)
+			}
+		}()
+	}
+	a.syncHealthCheckNodePorts(state)
+
+	a.syncs++
+	if err := a.plane.PutAgentState(dataplane.AgentState{
+		LastSync: time.Now(), Started: a.started, Syncs: a.syncs, PID: uint32(os.Getpid()),
+		ServicePorts: uint32(len(state.Services)), Problems: uint32(len(all)),
+	}); err != nil {
+		a.log.Warn("record agent state", "error", err)
+	}
+	return nil
+}
+
+func (a *Agent) reportSource(st source.Status) {
+	if st.Err != nil {
+		a.tracker.SourceError(st.Err.Error(), st.ErrSince)
+		a.metrics.SourceStale.Set(1)
+		return
+	}
+	a.tracker.SourceError("", time.Time{})
+	a.metrics.SourceStale.Set(0)
+}
+
+// logProblems logs problems when they first appear and when they clear.
+func (a *Agent) logProblems(problems []string) {
+	now := map[string]bool{}
+	for _, p := range problems {
+		now[p] = true
+		if !a.seenProblems[p] {
+			a.log.Warn("skipped", "problem", p)
+		}
+	}
+	for p := range a.seenProblems {
+		if !now[p] {
+			a.log.Info("resolved", "problem", p)
+		}
+	}
+	a.seenProblems = now
+}
+
+// observeProgramming records, for every service port whose endpoints
+// changed since the last sync, how long ago the change was triggered.
+func (a *Agent) observeProgramming(state model.State) {
+	seen := make(map[string]time.Time, len(state.Services))
+	for i := range state.Services {
+		s := &state.Services[i]
+		key := s.Key()
+		t := s.LastChangeTriggerTime
+		seen[key] = t
+		if t.IsZero() || !t.After(a.lastTrigger[key]) {
+			continue
+		}
+		if _, known := a.lastTrigger[key]; known || a.syncs > 0 {
+			a.metrics.ProgrammingDuration.Observe(time.Since(t).Seconds())
+		}
+	}
+	a.lastTrigger = seen
+}
+
+func (a *Agent) syncHealthCheckNodePorts(state model.State) {
+	byPort := map[uint16]health.ServiceHealth{}
+	for i := range state.Services {
+		s := &state.Services[i]
+		if s.HealthCheckNodePort == 0 {
+			continue
+		}
+		h := byPort[s.HealthCheckNodePort]
+		h.Namespace, h.Name, h.Port = s.Namespace, s.Name, s.HealthCheckNodePort
+		if n := len(s.LocalSet); n > h.LocalEndpoints {
+			h.LocalEndpoints = n
+		}
+		byPort[s.HealthCheckNodePort] = h
+	}
+	want := make([]health.ServiceHealth, 0, len(byPort))
+	for _, h := range byPort {
+		want = append(want, h)
+	}
+	if err := a.hcNodes.Sync(want); err != nil {
+		a.log.Warn("health check node ports", "error", err)
+	}
+}
+
+// filterNodePorts drops NodePort frontends outside the node port range.
+func (a *Agent) filterNodePorts(st model.State, problems *[]model.Problem) model.State {
+	for i := range st.Services {
+		s := &st.Services[i]
+		s.Frontends = slices.DeleteFunc(s.Frontends, func(f model.Frontend) bool {
+			if f.Kind != model.NodePort || (f.Port >= a.cfg.NodePortMin && f.Port <= a.cfg.NodePortMax) {
+				return false
+			}
+			*problems = append(*problems, model.Problem{Kind: "Service", Object: s.Namespace + "/" + s.Name,
+				Field: "spec.ports[].nodePort", Message: fmt.Sprintf("node port %d outside --nodeport-range %d-%d",
+					f.Port, a.cfg.NodePortMin, a.cfg.NodePortMax)})
+			return true
+		})
+	}
+	return st
+}
+
+// nodeAddresses are the addresses that get NodePort frontends.
+func (a *Agent) nodeAddresses(snap source.Snapshot) []netip.Addr {
+	var out []netip.Addr
+	switch {
+	case a.cfg.NodePortPrimary:
+		if snap.Node != nil {
+			for _, na := range snap.Node.Status.Addresses {
+				if na.Type == "InternalIP" {
+					if ip, err := netip.ParseAddr(na.Address); err == nil && ip.Is4() {
+						return []netip.Addr{ip}
+					}
+				}
+			}
+		}
+		if addrs := interfaceAddresses(a.cfg.Interfaces[:1]); len(addrs) > 0 {
+			return addrs[:1]
+		}
+	case len(a.cfg.NodePortAddresses) > 0:
+		for _, ip := range interfaceAddresses(nil) {
+			for _, p := range a.cfg.NodePortAddresses {
+				if p.Contains(ip) {
+					out = append(out, ip)
+					break
+				}
+			}
+		}
+	default:
+		out = interfaceAddresses(a.cfg.Interfaces)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
+	return slices.Compact(out)
+}
+
+// interfaceAddresses lists the IPv4 addresses of the named interfaces (all
+// interfaces when names is nil).
+func interfaceAddresses(names []string) []netip.Addr {
+	var links []netlink.Link
+	if names == nil {
+		links, _ = netlink.LinkList()
+	} else {
+		for _, n := range names {
+			if l, err := netlink.LinkByName(n); err == nil {
+				links = append(links, l)
+			}
+		}
+	}
+	var out []netip.Addr
+	for _, l := range links {
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			continue
+		}
+		for _, ad := range addrs {
+			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && !ip.IsLoopback() {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out
+}
+
+// watchAddresses re-syncs when the node's addresses change, and keeps the
+// SNAT address of each attached interface current.
+func (a *Agent) watchAddresses(ctx context.Context) {
+	updates := make(chan netlink.AddrUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{
+		ErrorCallback: func(err error) { a.log.Warn("address watch", "error", err) },
+	}); err != nil {
+		a.log.Warn("cannot watch address changes; NodePort addresses follow periodic syncs only", "error", err)
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-updates:
+			if !ok {
+				return
+			}
+			if u.LinkAddress.IP.To4() == nil {
+				continue
+			}
+			for _, ifname := range a.cfg.Interfaces {
+				if err := a.dp.RefreshInterface(ifname); err != nil {
+					a.log.Warn("refresh interface address", "interface", ifname, "error", err)
+				}
+			}
+			a.notify()
+		}
+	}
+}
+
+// serve runs an HTTP server until ctx ends.
+func (a *Agent) serve(ctx context.Context, name, addr string, h http.Handler, errc chan error) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("%s server on %s: %w", name, addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(shutdown)
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("%s server: %w", name, err)
+		}
+	}()
+	a.log.Info("serving", "endpoint", name, "address", ln.Addr().String())
+	return nil
+}

@@ -1,0 +1,58 @@
+package agent
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+)
+
+const (
+	localPortRange    = "/proc/sys/net/ipv4/ip_local_port_range"
+	localReservedPort = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+)
+
+// reserveSNATPorts keeps the host's own sockets out of the SNAT port
+// range: if the range overlaps ip_local_port_range, it is added to
+// ip_local_reserved_ports (keeping what is there), so no ephemeral port
+// the kernel hands out can collide with a translated flow.
+func reserveSNATPorts(lo, hi uint16, log *slog.Logger) error {
+	raw, err := os.ReadFile(localPortRange)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", localPortRange, err)
+	}
+	f := strings.Fields(string(raw))
+	if len(f) != 2 {
+		return fmt.Errorf("unexpected %s: %q", localPortRange, raw)
+	}
+	eLo, err1 := strconv.Atoi(f[0])
+	eHi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return fmt.Errorf("unexpected %s: %q", localPortRange, raw)
+	}
+	if int(hi) < eLo || int(lo) > eHi {
+		return nil // no overlap
+	}
+	cur, err := os.ReadFile(localReservedPort)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", localReservedPort, err)
+	}
+	mine := fmt.Sprintf("%d-%d", lo, hi)
+	have := strings.TrimSpace(string(cur))
+	for _, r := range strings.Split(have, ",") {
+		if r == mine {
+			return nil
+		}
+	}
+	next := mine
+	if have != "" {
+		next = have + "," + mine
+	}
+	if err := os.WriteFile(localReservedPort, []byte(next), 0o644); err != nil {
+		return fmt.Errorf("reserve SNAT ports %s in %s: %w", mine, localReservedPort, err)
+	}
+	log.Info("SNAT ports reserved from the host's ephemeral range", "ports", mine,
+		"ip_local_port_range", strings.TrimSpace(string(raw)))
+	return nil
+}

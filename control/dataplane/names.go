@@ -1,0 +1,100 @@
+package dataplane
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// PutServiceName records the key of a service port id for introspection.
+func (d *Dataplane) PutServiceName(id uint32, key string) error {
+	var v xdp.NicSvcName
+	if len(key) >= len(v.Key) {
+		key = key[:len(v.Key)-1]
+	}
+	for i := 0; i < len(key); i++ {
+		v.Key[i] = int8(key[i])
+	}
+	if err := d.m.SvcNames.Put(id, v); err != nil {
+		return fmt.Errorf("name service %d: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteServiceName forgets the name of a service port id.
+func (d *Dataplane) DeleteServiceName(id uint32) error {
+	if err := d.m.SvcNames.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("unname service %d: %w", id, err)
+	}
+	return nil
+}
+
+// ServiceNames returns the recorded service port keys by id.
+func (d *Dataplane) ServiceNames() (map[uint32]string, error) {
+	out := map[uint32]string{}
+	var k uint32
+	var v xdp.NicSvcName
+	it := d.m.SvcNames.Iterate()
+	for it.Next(&k, &v) {
+		b := make([]byte, 0, len(v.Key))
+		for _, c := range v.Key {
+			b = append(b, byte(c))
+		}
+		if i := bytes.IndexByte(b, 0); i >= 0 {
+			b = b[:i]
+		}
+		out[k] = string(b)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read service names: %w", err)
+	}
+	return out, nil
+}
+
+// AgentState is what the agent records about itself after every sync.
+type AgentState struct {
+	LastSync     time.Time
+	Started      time.Time
+	Syncs        uint64
+	PID          uint32
+	ServicePorts uint32
+	Problems     uint32
+}
+
+// PutAgentState records the agent's state.
+func (d *Dataplane) PutAgentState(s AgentState) error {
+	v := xdp.NicAgentState{
+		Syncs: s.Syncs, Pid: s.PID, ServicePorts: s.ServicePorts, Problems: s.Problems,
+	}
+	if !s.LastSync.IsZero() {
+		v.LastSyncUnixNs = uint64(s.LastSync.UnixNano())
+	}
+	if !s.Started.IsZero() {
+		v.StartedUnixNs = uint64(s.Started.UnixNano())
+	}
+	if err := d.m.AgentState.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("record agent state: %w", err)
+	}
+	return nil
+}
+
+// AgentState reads what the agent recorded last.
+func (d *Dataplane) AgentState() (AgentState, error) {
+	var v xdp.NicAgentState
+	if err := d.m.AgentState.Lookup(uint32(0), &v); err != nil {
+		return AgentState{}, fmt.Errorf("read agent state: %w", err)
+	}
+	s := AgentState{Syncs: v.Syncs, PID: v.Pid, ServicePorts: v.ServicePorts, Problems: v.Problems}
+	if v.LastSyncUnixNs != 0 {
+		s.LastSync = time.Unix(0, int64(v.LastSyncUnixNs))
+	}
+	if v.StartedUnixNs != 0 {
+		s.Started = time.Unix(0, int64(v.StartedUnixNs))
+	}
+	return s, nil
+}

@@ -1,0 +1,108 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// sizedMaps are the maps whose fill level matters to operators.
+func (d *Dataplane) sizedMaps() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{
+		"conntrack":     d.m.Conntrack,
+		"nat":           d.m.NAT,
+		"affinity":      d.m.Affinity,
+		"frontends":     d.m.Frontends,
+		"backends":      d.m.Backends,
+		"maglev_tables": d.m.MaglevTables,
+		"source_ranges": d.m.SourceRanges,
+		"services":      d.m.SvcNames,
+	}
+}
+
+// Capacities returns the capacity of each sized map.
+func (d *Dataplane) Capacities() map[string]uint32 {
+	out := map[string]uint32{}
+	for name, m := range d.sizedMaps() {
+		out[name] = m.MaxEntries()
+		if name == "backends" {
+			out[name]-- // id 0 is reserved
+		}
+	}
+	return out
+}
+
+// Occupancy counts the entries of each sized map. It walks the maps in
+// batches where the kernel supports it; on a map with a million flows it
+// takes a noticeable fraction of a second.
+func (d *Dataplane) Occupancy() (map[string]int, error) {
+	out := map[string]int{}
+	for name, m := range d.sizedMaps() {
+		var n int
+		var err error
+		switch name {
+		case "backends":
+			var bes map[uint32]Backend
+			bes, err = d.Backends()
+			n = len(bes)
+		case "source_ranges":
+			var rs []SourceRange
+			rs, err = d.SourceRanges()
+			n = len(rs)
+		default:
+			n, err = countEntries(m)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("count %s: %w", name, err)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+// countEntries counts a hash map's keys, in batches when possible.
+func countEntries(m *ebpf.Map) (int, error) {
+	keys := make([]byte, int(m.KeySize())*4096)
+	values := make([]byte, int(m.ValueSize())*4096)
+	if m.Type() == ebpf.HashOfMaps || m.Type() == ebpf.PerCPUHash || m.Type() == ebpf.LRUCPUHash {
+		return countByIteration(m)
+	}
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		total += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return total, nil
+		}
+		if err != nil {
+			if total == 0 {
+				return countByIteration(m)
+			}
+			return total, err
+		}
+	}
+}
+
+func countByIteration(m *ebpf.Map) (int, error) {
+	key := make([]byte, m.KeySize())
+	n := 0
+	var err error
+	for {
+		next := make([]byte, m.KeySize())
+		if n == 0 {
+			err = m.NextKey(nil, next)
+		} else {
+			err = m.NextKey(key, next)
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+		copy(key, next)
+		n++
+	}
+}

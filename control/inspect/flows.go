@@ -1,0 +1,95 @@
+package inspect
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// FlowFilter selects flows; zero fields match everything.
+type FlowFilter struct {
+	Service string     // service port key, or a prefix such as "default/web"
+	Client  netip.Addr // client address
+	Backend netip.Addr // backend address
+	Proto   uint8
+}
+
+// Flow is one row of `xdplb conntrack`.
+type Flow struct {
+	Proto    string `json:"proto"`
+	Client   string `json:"client"`
+	Frontend string `json:"frontend"`
+	Backend  string `json:"backend"`
+	NAT      string `json:"nat,omitempty"`
+	Service  string `json:"service"`
+	State    string `json:"state"`
+	AgeSec   int64  `json:"ageSeconds"`
+	IdleSec  int64  `json:"idleSeconds"`
+}
+
+// Conntrack lists the tracked flows that match f, and how many there are
+// in all.
+func Conntrack(dp *dataplane.Dataplane, f FlowFilter) ([]Flow, int, error) {
+	names, err := dp.ServiceNames()
+	if err != nil {
+		return nil, 0, err
+	}
+	now := dataplane.Now()
+	total := 0
+	var out []Flow
+	err = dp.Flows(func(fl dataplane.Flow) bool {
+		total++
+		name := names[fl.SvcID]
+		if f.Service != "" && name != f.Service && !strings.HasPrefix(name, f.Service+":") &&
+			!strings.HasPrefix(name, f.Service+"/") {
+			return true
+		}
+		if f.Client.IsValid() && fl.Client.Addr() != f.Client {
+			return true
+		}
+		if f.Backend.IsValid() && fl.Backend.Addr() != f.Backend {
+			return true
+		}
+		if f.Proto != 0 && fl.Proto != f.Proto {
+			return true
+		}
+		row := Flow{
+			Proto: dataplane.ProtoName(fl.Proto), Client: fl.Client.String(), Frontend: fl.Frontend.String(),
+			Backend: fl.Backend.String(), Service: name, State: flowState(fl),
+			AgeSec:  int64((now - fl.Created) / time.Second),
+			IdleSec: int64((now - fl.LastSeen) / time.Second),
+		}
+		if fl.NAT.IsValid() {
+			row.NAT = fl.NAT.String()
+		}
+		out = append(out, row)
+		return true
+	})
+	slices.SortFunc(out, func(a, b Flow) int {
+		return cmp.Or(cmp.Compare(a.Service, b.Service), cmp.Compare(a.Client, b.Client), cmp.Compare(a.Frontend, b.Frontend))
+	})
+	return out, total, err
+}
+
+func flowState(f dataplane.Flow) string {
+	if f.Proto != dataplane.TCP {
+		return "-"
+	}
+	s := f.TCPState
+	switch {
+	case s&uint8(xdp.NicCtTcpStateCT_TCP_RST) != 0:
+		return "reset"
+	case s&uint8(xdp.NicCtTcpStateCT_TCP_FIN) != 0:
+		return "closing"
+	case s&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0:
+		return "established"
+	case s&uint8(xdp.NicCtTcpStateCT_TCP_SYN) != 0:
+		return "syn"
+	}
+	return "-"
+}

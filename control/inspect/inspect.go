@@ -1,0 +1,281 @@
+// Package inspect answers operators' questions from the pinned datapath
+// maps alone: what is attached, which services and backends are
+// programmed, which flows are tracked, and where a new flow would go. It
+// works while an agent runs and after it stopped.
+package inspect
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// Open opens the datapath pinned under pinRoot.
+func Open(pinRoot string) (*dataplane.Dataplane, error) {
+	m, err := loader.OpenPinned(pinRoot)
+	if err != nil {
+		return nil, err
+	}
+	return dataplane.New(m), nil
+}
+
+// Attachment is one program attached to an interface.
+type Attachment struct {
+	Interface string `json:"interface"`
+	Hook      string `json:"hook"` // "xdp" or "tc-ingress"
+	Mode      string `json:"mode"` // native, generic, tcx
+	ProgramID uint32 `json:"programId"`
+	Program   string `json:"program"`
+	LinkID    uint32 `json:"linkId"`
+}
+
+// MapUse is the fill level of one map.
+type MapUse struct {
+	Name     string  `json:"name"`
+	Entries  int     `json:"entries"`
+	Capacity uint32  `json:"capacity"`
+	Percent  float64 `json:"percent"`
+}
+
+// Status is the answer of `xdplb status`.
+type Status struct {
+	PinDir      string       `json:"pinDir"`
+	Attachments []Attachment `json:"attachments"`
+	Maps        []MapUse     `json:"maps"`
+	AgentPID    uint32       `json:"agentPid,omitempty"`
+	AgentAlive  bool         `json:"agentAlive"`
+	Started     *time.Time   `json:"started,omitempty"`
+	LastSync    *time.Time   `json:"lastSync,omitempty"`
+	Syncs       uint64       `json:"syncs"`
+	Services    uint32       `json:"servicePorts"`
+	Problems    uint32       `json:"problems"`
+	Counters    []Counter    `json:"counters"`
+}
+
+// Counter is one datapath counter.
+type Counter struct {
+	Name    string `json:"name"`
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+// GetStatus gathers the status.
+func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
+	st := Status{PinDir: loader.Dir(pinRoot)}
+	atts, err := attachments(pinRoot)
+	if err != nil {
+		return st, err
+	}
+	st.Attachments = atts
+	occ, err := dp.Occupancy()
+	if err != nil {
+		return st, err
+	}
+	for name, cap := range dp.Capacities() {
+		u := MapUse{Name: name, Entries: occ[name], Capacity: cap}
+		if cap > 0 {
+			u.Percent = 100 * float64(u.Entries) / float64(cap)
+		}
+		st.Maps = append(st.Maps, u)
+	}
+	slices.SortFunc(st.Maps, func(a, b MapUse) int { return cmp.Compare(a.Name, b.Name) })
+	as, err := dp.AgentState()
+	if err != nil {
+		return st, err
+	}
+	st.AgentPID, st.Syncs, st.Services, st.Problems = as.PID, as.Syncs, as.ServicePorts, as.Problems
+	if !as.Started.IsZero() {
+		st.Started = &as.Started
+	}
+	if !as.LastSync.IsZero() {
+		st.LastSync = &as.LastSync
+	}
+	if as.PID != 0 {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", as.PID))
+		st.AgentAlive = err == nil
+	}
+	names, err := xdp.StatNames()
+	if err != nil {
+		return st, err
+	}
+	cs, err := dp.Counters()
+	if err != nil {
+		return st, err
+	}
+	for i, c := range cs {
+		if c.Packets > 0 {
+			st.Counters = append(st.Counters, Counter{Name: names[i], Packets: c.Packets, Bytes: c.Bytes})
+		}
+	}
+	return st, nil
+}
+
+// attachments reads the pinned links.
+func attachments(pinRoot string) ([]Attachment, error) {
+	dir := filepath.Join(loader.Dir(pinRoot), "links")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Attachment
+	for _, e := range entries {
+		a := Attachment{}
+		name := e.Name()
+		switch {
+		case strings.HasPrefix(name, "xdp-native-"):
+			a.Hook, a.Mode, a.Interface = "xdp", "native", strings.TrimPrefix(name, "xdp-native-")
+		case strings.HasPrefix(name, "xdp-generic-"):
+			a.Hook, a.Mode, a.Interface = "xdp", "generic", strings.TrimPrefix(name, "xdp-generic-")
+		case strings.HasPrefix(name, "tc-ingress-"):
+			a.Hook, a.Mode, a.Interface = "tc-ingress", "tcx", strings.TrimPrefix(name, "tc-ingress-")
+		default:
+			continue
+		}
+		l, err := link.LoadPinnedLink(filepath.Join(dir, name), nil)
+		if err != nil {
+			return nil, fmt.Errorf("open pinned link %s: %w", name, err)
+		}
+		if info, err := l.Info(); err == nil {
+			a.LinkID = uint32(info.ID)
+			a.ProgramID = uint32(info.Program)
+			if p, err := ebpf.NewProgramFromID(info.Program); err == nil {
+				if pi, err := p.Info(); err == nil {
+					a.Program = pi.Name
+				}
+				p.Close()
+			}
+		}
+		l.Close()
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b Attachment) int {
+		return cmp.Or(cmp.Compare(a.Interface, b.Interface), cmp.Compare(a.Hook, b.Hook))
+	})
+	return out, nil
+}
+
+// BackendUse is a backend and its share of a table.
+type BackendUse struct {
+	ID          uint32 `json:"id"`
+	Address     string `json:"address"`
+	Local       bool   `json:"local"`
+	Terminating bool   `json:"terminating"`
+	Slots       int    `json:"slots"`
+}
+
+// Frontend is one row of `xdplb services`.
+type Frontend struct {
+	Frontend        string       `json:"frontend"`
+	Service         string       `json:"service"`
+	ServiceID       uint32       `json:"serviceId"`
+	External        bool         `json:"external"`
+	SNAT            bool         `json:"snat"`
+	SourceRanges    bool         `json:"sourceRanges"`
+	AffinitySeconds uint32       `json:"affinitySeconds,omitempty"`
+	TableID         uint32       `json:"tableId"`
+	TableSize       int          `json:"tableSize"`
+	WhenEmpty       string       `json:"whenEmpty,omitempty"` // reject or drop
+	Backends        []BackendUse `json:"backends"`
+}
+
+// Services lists frontends with their service ports and backends.
+func Services(dp *dataplane.Dataplane) ([]Frontend, error) {
+	fes, err := dp.Frontends()
+	if err != nil {
+		return nil, err
+	}
+	names, err := dp.ServiceNames()
+	if err != nil {
+		return nil, err
+	}
+	bes, err := dp.Backends()
+	if err != nil {
+		return nil, err
+	}
+	tables := map[uint32][]uint32{}
+	var out []Frontend
+	for k, v := range fes {
+		f := Frontend{
+			Frontend: k.String(), Service: names[v.SvcID], ServiceID: v.SvcID,
+			External:        v.Flags&dataplane.FrontendExternal != 0,
+			SNAT:            v.Flags&dataplane.FrontendSNATRemote != 0,
+			SourceRanges:    v.Flags&dataplane.FrontendSourceRanges != 0,
+			AffinitySeconds: v.AffinityTimeout,
+			TableID:         v.TableID,
+		}
+		if f.Service == "" {
+			f.Service = fmt.Sprintf("#%d", v.SvcID)
+		}
+		if v.TableID == 0 {
+			f.WhenEmpty = "reject"
+			if v.Flags&dataplane.FrontendDropIfEmpty != 0 {
+				f.WhenEmpty = "drop"
+			}
+		} else {
+			slots, ok := tables[v.TableID]
+			if !ok {
+				if slots, err = dp.Table(v.TableID); err != nil {
+					return nil, err
+				}
+				tables[v.TableID] = slots
+			}
+			f.TableSize = len(slots)
+			f.Backends = backendUse(slots, bes)
+		}
+		out = append(out, f)
+	}
+	slices.SortFunc(out, func(a, b Frontend) int {
+		return cmp.Or(cmp.Compare(a.Service, b.Service), cmp.Compare(a.Frontend, b.Frontend))
+	})
+	return out, nil
+}
+
+func backendUse(slots []uint32, bes map[uint32]dataplane.Backend) []BackendUse {
+	count := map[uint32]int{}
+	for _, s := range slots {
+		count[s]++
+	}
+	var out []BackendUse
+	for id, n := range count {
+		b := bes[id]
+		out = append(out, BackendUse{ID: id, Address: b.String(), Local: b.Local, Terminating: b.Terminating, Slots: n})
+	}
+	slices.SortFunc(out, func(a, b BackendUse) int { return cmp.Compare(a.Address, b.Address) })
+	return out
+}
+
+// ParseProto accepts tcp or udp.
+func ParseProto(s string) (uint8, error) {
+	switch strings.ToLower(s) {
+	case "tcp":
+		return dataplane.TCP, nil
+	case "udp":
+		return dataplane.UDP, nil
+	}
+	return 0, fmt.Errorf("protocol %q: allowed values are tcp, udp", s)
+}
+
+// ParseAddrPort parses IP:PORT (IPv4).
+func ParseAddrPort(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil || !ap.Addr().Is4() {
+		return netip.AddrPort{}, fmt.Errorf("%q: want IPv4:PORT", s)
+	}
+	return ap, nil
+}

@@ -1,0 +1,515 @@
+// Package model turns Kubernetes Services and EndpointSlices into the state
+// the datapath needs, with kube-proxy's semantics: which Services are ours,
+// the frontends of each service port, its endpoints, and which endpoints
+// serve which traffic. It is pure data in, data out: no API client, no
+// kernel.
+//
+// Compute never fails and never panics on odd objects: whatever it cannot
+// use it skips and describes in a Problem. The datapath handles IPv4 only,
+// so IPv6 addresses are among the things skipped and reported, as are SCTP
+// ports.
+//
+// Where kube-proxy leaves room, the model decides as follows:
+//   - An endpoint is identified by address and resolved port, as in
+//     kube-proxy. When several slices of a Service list it (it is moving
+//     between slices), a non-terminating copy wins over a terminating one,
+//     then a ready one over a not-ready one, then a serving one, then the
+//     copy in the slice whose name sorts first.
+//   - status.loadBalancer.ingress is used only for Services of type
+//     LoadBalancer, and nodePort only for types NodePort and LoadBalancer.
+//   - loadBalancerSourceRanges that all turn out unusable (invalid, or IPv6)
+//     admit no client at all rather than every client.
+//   - A frontend (address, port, protocol) claimed by two services goes to
+//     the first by kind (ClusterIP, NodePort, LoadBalancer, ExternalIP), then
+//     the older Service, then the smaller key; the other claim is dropped
+//     and reported. This keeps a user-set externalIP from hijacking another
+//     Service's address.
+//   - An EndpointSlice port without a name counts as the unnamed port, and
+//     one without a protocol as TCP (the API server fills both in).
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// DefaultAffinityTimeout is the ClientIP affinity timeout of a Service that
+// does not set one.
+const DefaultAffinityTimeout = time.Duration(corev1.DefaultClientIPServiceAffinitySeconds) * time.Second
+
+// maxAffinitySeconds is the largest timeout the API server accepts.
+const maxAffinitySeconds = 86400
+
+// Compute returns the desired state for in, and the problems found in it.
+// Its results depend only on in: the same input in any order gives the same
+// state.
+func Compute(in Input) (State, []Problem) {
+	c := &computer{node: in.Node}
+	c.nodeAddrs = c.nodeAddresses(in.Node)
+	slicesByService := c.groupSlices(in.Slices)
+	svcs := c.services(in.Services)
+	nPorts := 0
+	for _, svc := range svcs {
+		nPorts += len(svc.Spec.Ports)
+	}
+	c.ports = make([]port, 0, nPorts)
+	for _, svc := range svcs {
+		c.addService(svc, slicesByService[svc.Namespace+"/"+svc.Name])
+	}
+	c.resolveConflicts()
+	out := make([]Service, len(c.ports))
+	for i, p := range c.ports {
+		out[i] = p.Service
+	}
+	slices.SortFunc(out, func(a, b Service) int {
+		return cmp.Or(
+			cmp.Compare(a.Namespace, b.Namespace),
+			cmp.Compare(a.Name, b.Name),
+			cmp.Compare(a.PortName, b.PortName),
+			cmp.Compare(a.Protocol, b.Protocol),
+		)
+	})
+	return State{Services: out}, c.problems
+}
+
+type computer struct {
+	node      NodeInfo
+	nodeAddrs []netip.Addr
+	ports     []port
+	problems  []Problem
+}
+
+// port is a service port being built, with what conflict resolution needs.
+type port struct {
+	Service
+	created time.Time
+}
+
+func (c *computer) report(kind, object, field, format string, args ...any) {
+	c.problems = append(c.problems, Problem{Kind: kind, Object: object, Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// nodeAddresses returns the node's usable addresses, sorted and unique.
+func (c *computer) nodeAddresses(n NodeInfo) []netip.Addr {
+	var addrs []netip.Addr
+	for i, a := range n.Addresses {
+		switch {
+		case !a.IsValid():
+			c.report("Node", n.Name, fmt.Sprintf("addresses[%d]", i), "invalid address; skipped")
+		case !a.Is4():
+			c.report("Node", n.Name, fmt.Sprintf("addresses[%d]", i), "IPv6 address %s skipped: the datapath handles IPv4 only", a)
+		default:
+			addrs = append(addrs, a)
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return slices.Compact(addrs)
+}
+
+// services returns the non-nil Services sorted by namespace and name, with
+// duplicates reported and dropped.
+func (c *computer) services(in []*corev1.Service) []*corev1.Service {
+	var out []*corev1.Service
+	for i, s := range in {
+		if s == nil {
+			c.report("Service", fmt.Sprintf("#%d", i), "", "nil Service skipped")
+			continue
+		}
+		out = append(out, s)
+	}
+	slices.SortStableFunc(out, func(a, b *corev1.Service) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	return slices.CompactFunc(out, func(a, b *corev1.Service) bool {
+		if a.Namespace != b.Namespace || a.Name != b.Name {
+			return false
+		}
+		c.report("Service", a.Namespace+"/"+a.Name, "", "listed twice; the later copy is ignored")
+		return true
+	})
+}
+
+// parseIPv4 parses an address that must be IPv4. On failure it returns a
+// message for a Problem.
+func parseIPv4(s string) (netip.Addr, string) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, fmt.Sprintf("invalid IP address %q; skipped", s)
+	}
+	if !a.Is4() {
+		return netip.Addr{}, fmt.Sprintf("IPv6 address %s skipped: the datapath handles IPv4 only", s)
+	}
+	return a, ""
+}
+
+// parseIPv4List parses addresses, reporting those it skips under
+// field[index].
+func (c *computer) parseIPv4List(object, field string, in []string) []netip.Addr {
+	var out []netip.Addr
+	for i, s := range in {
+		a, msg := parseIPv4(s)
+		if msg != "" {
+			c.report("Service", object, fmt.Sprintf("%s[%d]", field, i), "%s", msg)
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// addService adds the service ports of one Service, if it is ours.
+func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
+	obj := svc.Namespace + "/" + svc.Name
+	spec := &svc.Spec
+	if spec.Type == corev1.ServiceTypeExternalName || !Selected(svc.Labels, c.node.ProxyName) {
+		return
+	}
+	ipField, ipStrings := "spec.clusterIPs", spec.ClusterIPs
+	if len(ipStrings) == 0 && spec.ClusterIP != "" {
+		ipField, ipStrings = "spec.clusterIP", []string{spec.ClusterIP}
+	}
+	if spec.ClusterIP == corev1.ClusterIPNone || (len(ipStrings) > 0 && ipStrings[0] == corev1.ClusterIPNone) {
+		return // headless
+	}
+	if len(ipStrings) == 0 {
+		c.report("Service", obj, "spec.clusterIP", "not set; Service skipped")
+		return
+	}
+
+	svcType := spec.Type
+	switch svcType {
+	case corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
+	case "":
+		svcType = corev1.ServiceTypeClusterIP
+	default:
+		c.report("Service", obj, "spec.type", "unknown type %q; treated as ClusterIP", spec.Type)
+		svcType = corev1.ServiceTypeClusterIP
+	}
+	hasNodePorts := svcType == corev1.ServiceTypeNodePort || svcType == corev1.ServiceTypeLoadBalancer
+
+	clusterIPs := c.parseIPv4List(obj, ipField, ipStrings)
+	externalIPs := c.parseIPv4List(obj, "spec.externalIPs", spec.ExternalIPs)
+	lbIPs := c.loadBalancerIPs(svc, svcType)
+
+	base := Service{
+		Namespace:                  svc.Namespace,
+		Name:                       svc.Name,
+		ExternalTrafficPolicyLocal: c.externalPolicyLocal(svc, svcType),
+		InternalTrafficPolicyLocal: c.internalPolicyLocal(svc),
+		AffinityTimeout:            c.affinityTimeout(svc),
+		LastChangeTriggerTime:      lastChange(svcSlices),
+	}
+	base.SourceRangesSet, base.SourceRanges = c.sourceRanges(svc)
+	if svcType == corev1.ServiceTypeLoadBalancer && base.ExternalTrafficPolicyLocal {
+		switch hc := spec.HealthCheckNodePort; {
+		case hc == 0:
+			c.report("Service", obj, "spec.healthCheckNodePort", "not set for a LoadBalancer with externalTrafficPolicy Local")
+		case hc < 0 || hc > 65535:
+			c.report("Service", obj, "spec.healthCheckNodePort", "%d is out of range; ignored", hc)
+		default:
+			base.HealthCheckNodePort = uint16(hc)
+		}
+	}
+
+	type portID struct {
+		name  string
+		proto Protocol
+	}
+	seen := map[portID]bool{}
+	for i := range spec.Ports {
+		sp := &spec.Ports[i]
+		field := fmt.Sprintf("spec.ports[%d]", i)
+		proto, ok := c.protocol(obj, field+".protocol", sp.Protocol)
+		if !ok {
+			continue
+		}
+		if sp.Port < 1 || sp.Port > 65535 {
+			c.report("Service", obj, field+".port", "%d is out of range; port skipped", sp.Port)
+			continue
+		}
+		id := portID{sp.Name, proto}
+		if seen[id] {
+			c.report("Service", obj, field+".name", "duplicate port name %q for %s; port skipped", sp.Name, proto)
+			continue
+		}
+		seen[id] = true
+
+		p := base
+		p.PortName, p.Protocol, p.Port = sp.Name, proto, uint16(sp.Port)
+		switch {
+		case sp.NodePort == 0:
+		case !hasNodePorts:
+			c.report("Service", obj, field+".nodePort", "ignored: Service type is %s", svcType)
+		case sp.NodePort < 0 || sp.NodePort > 65535:
+			c.report("Service", obj, field+".nodePort", "%d is out of range; ignored", sp.NodePort)
+		default:
+			p.NodePort = uint16(sp.NodePort)
+		}
+		// No two service ports share memory.
+		p.SourceRanges = slices.Clone(base.SourceRanges)
+
+		add := func(kind FrontendKind, addrs []netip.Addr, port uint16) {
+			for _, a := range addrs {
+				p.Frontends = append(p.Frontends, Frontend{Addr: a, Port: port, Protocol: proto, Kind: kind})
+			}
+		}
+		add(ClusterIP, clusterIPs, p.Port)
+		if p.NodePort != 0 {
+			add(NodePort, c.nodeAddrs, p.NodePort)
+		}
+		add(LoadBalancer, lbIPs, p.Port)
+		add(ExternalIP, externalIPs, p.Port)
+
+		p.Endpoints = endpointsFor(svcSlices, sp.Name, proto, c.node.Name)
+		p.ClusterSet = chooseSet(p.Endpoints, false)
+		p.LocalSet = chooseSet(p.Endpoints, true)
+		c.ports = append(c.ports, port{Service: p, created: svc.CreationTimestamp.Time})
+	}
+}
+
+// protocol converts a Service port protocol, reporting unsupported ones.
+func (c *computer) protocol(obj, field string, p corev1.Protocol) (Protocol, bool) {
+	switch p {
+	case corev1.ProtocolTCP, "":
+		return TCP, true
+	case corev1.ProtocolUDP:
+		return UDP, true
+	case corev1.ProtocolSCTP:
+		c.report("Service", obj, field, "SCTP is not supported; port skipped")
+	default:
+		c.report("Service", obj, field, "unknown protocol %q; port skipped", p)
+	}
+	return 0, false
+}
+
+// loadBalancerIPs returns the VIP-mode ingress IPs of a LoadBalancer Service.
+// Ingress points in Proxy mode are reached through the load balancer, which
+// sends traffic to node or pod addresses, so they get no frontend.
+func (c *computer) loadBalancerIPs(svc *corev1.Service, svcType corev1.ServiceType) []netip.Addr {
+	obj := svc.Namespace + "/" + svc.Name
+	var out []netip.Addr
+	for i, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IP == "" {
+			continue // hostname-only ingress
+		}
+		field := fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i)
+		if svcType != corev1.ServiceTypeLoadBalancer {
+			c.report("Service", obj, field, "ignored: Service type is %s", svcType)
+			continue
+		}
+		if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+			continue
+		}
+		a, msg := parseIPv4(ing.IP)
+		if msg != "" {
+			c.report("Service", obj, field, "%s", msg)
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// externalPolicyLocal reports whether externalTrafficPolicy Local applies:
+// only to Services reachable from outside, as in kube-proxy.
+func (c *computer) externalPolicyLocal(svc *corev1.Service, svcType corev1.ServiceType) bool {
+	switch p := svc.Spec.ExternalTrafficPolicy; p {
+	case corev1.ServiceExternalTrafficPolicyLocal:
+		return svcType == corev1.ServiceTypeNodePort || svcType == corev1.ServiceTypeLoadBalancer ||
+			len(svc.Spec.ExternalIPs) > 0
+	case corev1.ServiceExternalTrafficPolicyCluster, "":
+	default:
+		c.report("Service", svc.Namespace+"/"+svc.Name, "spec.externalTrafficPolicy", "unknown policy %q; treated as Cluster", p)
+	}
+	return false
+}
+
+func (c *computer) internalPolicyLocal(svc *corev1.Service) bool {
+	p := svc.Spec.InternalTrafficPolicy
+	if p == nil {
+		return false
+	}
+	switch *p {
+	case corev1.ServiceInternalTrafficPolicyLocal:
+		return true
+	case corev1.ServiceInternalTrafficPolicyCluster, "":
+	default:
+		c.report("Service", svc.Namespace+"/"+svc.Name, "spec.internalTrafficPolicy", "unknown policy %q; treated as Cluster", *p)
+	}
+	return false
+}
+
+func (c *computer) affinityTimeout(svc *corev1.Service) time.Duration {
+	obj := svc.Namespace + "/" + svc.Name
+	switch a := svc.Spec.SessionAffinity; a {
+	case corev1.ServiceAffinityClientIP:
+	case corev1.ServiceAffinityNone, "":
+		return 0
+	default:
+		c.report("Service", obj, "spec.sessionAffinity", "unknown affinity %q; treated as None", a)
+		return 0
+	}
+	cfg := svc.Spec.SessionAffinityConfig
+	if cfg == nil || cfg.ClientIP == nil || cfg.ClientIP.TimeoutSeconds == nil {
+		return DefaultAffinityTimeout
+	}
+	t := *cfg.ClientIP.TimeoutSeconds
+	if t <= 0 || t > maxAffinitySeconds {
+		c.report("Service", obj, "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+			"%d is out of range (1 to %d); using %d", t, maxAffinitySeconds, int(DefaultAffinityTimeout.Seconds()))
+		return DefaultAffinityTimeout
+	}
+	return time.Duration(t) * time.Second
+}
+
+// sourceRanges parses loadBalancerSourceRanges, tolerating the surrounding
+// spaces that API validation lets through. It returns whether any were
+// given, and the usable IPv4 ones, masked, sorted and unique.
+func (c *computer) sourceRanges(svc *corev1.Service) (bool, []netip.Prefix) {
+	in := svc.Spec.LoadBalancerSourceRanges
+	if len(in) == 0 {
+		return false, nil
+	}
+	obj := svc.Namespace + "/" + svc.Name
+	var out []netip.Prefix
+	for i, s := range in {
+		field := fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i)
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		switch {
+		case err != nil:
+			c.report("Service", obj, field, "invalid CIDR %q; skipped", s)
+		case !p.Addr().Is4():
+			c.report("Service", obj, field, "IPv6 range %s skipped: the datapath handles IPv4 only", p)
+		default:
+			out = append(out, p.Masked())
+		}
+	}
+	if len(out) == 0 {
+		c.report("Service", obj, "spec.loadBalancerSourceRanges", "no usable IPv4 range: LoadBalancer frontends admit no client")
+		return true, []netip.Prefix{}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	return true, slices.Compact(out)
+}
+
+// chooseSet applies kube-proxy's rule to the endpoints, or to the local ones
+// only: the ready endpoints or, if there are none, the serving and
+// terminating ones.
+func chooseSet(eps []Endpoint, localOnly bool) []Endpoint {
+	use := func(e Endpoint) bool { return e.Ready }
+	if !slices.ContainsFunc(eps, func(e Endpoint) bool { return use(e) && (e.Local || !localOnly) }) {
+		use = func(e Endpoint) bool { return e.Serving && e.Terminating }
+	}
+	var out []Endpoint
+	for _, e := range eps {
+		if use(e) && (e.Local || !localOnly) {
+			out = append(out, e)
+		}
+	}
+	return slices.Clip(out)
+}
+
+// resolveConflicts gives every frontend (address, port, protocol) to one
+// service port and reports the claims it drops.
+func (c *computer) resolveConflicts() {
+	type key struct {
+		addr  netip.Addr
+		port  uint16
+		proto Protocol
+	}
+	type claim struct {
+		port int // index into c.ports
+		kind FrontendKind
+	}
+	claims := map[key][]claim{}
+	for i, p := range c.ports {
+		for _, f := range p.Frontends {
+			k := key{f.Addr, f.Port, f.Protocol}
+			claims[k] = append(claims[k], claim{i, f.Kind})
+		}
+	}
+	better := func(a, b claim) int {
+		pa, pb := &c.ports[a.port], &c.ports[b.port]
+		return cmp.Or(
+			cmp.Compare(a.kind, b.kind),
+			compareCreated(pa.created, pb.created),
+			cmp.Compare(pa.Key(), pb.Key()),
+		)
+	}
+	type loss struct {
+		frontend Frontend
+		winner   claim
+	}
+	losses := map[int][]loss{}
+	for k, cl := range claims {
+		if len(cl) < 2 {
+			continue
+		}
+		w := slices.MinFunc(cl, better)
+		for _, l := range cl {
+			if l != w {
+				f := Frontend{Addr: k.addr, Port: k.port, Protocol: k.proto, Kind: l.kind}
+				losses[l.port] = append(losses[l.port], loss{f, w})
+			}
+		}
+	}
+	for i := range c.ports {
+		p := &c.ports[i]
+		lost := losses[i]
+		p.Frontends = slices.DeleteFunc(p.Frontends, func(f Frontend) bool {
+			return slices.ContainsFunc(lost, func(l loss) bool { return l.frontend == f })
+		})
+		slices.SortFunc(lost, func(a, b loss) int { return compareFrontends(a.frontend, b.frontend) })
+		for _, l := range lost {
+			if l.winner.port == i {
+				continue // the same address twice in one service port
+			}
+			w := &c.ports[l.winner.port]
+			c.report("Service", p.Namespace+"/"+p.Name, "",
+				"frontend %s of port %s is also claimed by %s (%s); dropped here", l.frontend, p.Key(), w.Key(), l.winner.kind)
+		}
+		slices.SortFunc(p.Frontends, compareFrontends)
+		p.Frontends = slices.Compact(p.Frontends)
+	}
+}
+
+// compareCreated orders creation times, oldest first and unknown (zero)
+// last.
+func compareCreated(a, b time.Time) int {
+	switch {
+	case a.Equal(b):
+		return 0
+	case a.IsZero():
+		return 1
+	case b.IsZero():
+		return -1
+	}
+	return a.Compare(b)
+}
+
+func compareFrontends(a, b Frontend) int {
+	return cmp.Or(
+		cmp.Compare(a.Kind, b.Kind),
+		a.Addr.Compare(b.Addr),
+		cmp.Compare(a.Port, b.Port),
+		cmp.Compare(a.Protocol, b.Protocol),
+	)
+}
+
+// weight parses AnnotationWeight.
+func parseWeight(s string) (uint32, bool) {
+	w, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || w < 1 || w > MaxWeight {
+		return 0, false
+	}
+	return uint32(w), true
+}

@@ -1,0 +1,60 @@
+package reconcile
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/xdplb/xdplb/control/maglev"
+)
+
+// buildCache remembers Maglev builds by their inputs, so an Apply rebuilds
+// only tables whose endpoint set changed, and the ports of a multi-port
+// service share one build. Entries unused during an Apply are dropped.
+type buildCache struct {
+	entries map[string]*cacheEntry
+}
+
+type cacheEntry struct {
+	perm []uint32
+	used bool
+}
+
+func newBuildCache() *buildCache { return &buildCache{entries: map[string]*cacheEntry{}} }
+
+func cacheKey(members []maglev.Backend, size uint32) string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatUint(uint64(size), 10))
+	for _, m := range members {
+		b.WriteByte('|')
+		b.WriteString(m.ID)
+		b.WriteByte('*')
+		b.WriteString(strconv.FormatUint(uint64(m.Weight), 10))
+	}
+	return b.String()
+}
+
+// build returns the table for members (indices into members), from the
+// cache when the same members were built before.
+func (c *buildCache) build(members []maglev.Backend, size uint32, seed uint64) ([]uint32, bool, error) {
+	key := cacheKey(members, size)
+	if e, ok := c.entries[key]; ok {
+		e.used = true
+		return e.perm, true, nil
+	}
+	perm, err := maglev.Build(members, size, seed)
+	if err != nil {
+		return nil, false, err
+	}
+	c.entries[key] = &cacheEntry{perm: perm, used: true}
+	return perm, false, nil
+}
+
+// sweep drops entries no table used since the last sweep.
+func (c *buildCache) sweep() {
+	for k, e := range c.entries {
+		if !e.used {
+			delete(c.entries, k)
+		}
+		e.used = false
+	}
+}

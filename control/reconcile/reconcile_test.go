@@ -1,0 +1,411 @@
+package reconcile_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/control/model"
+	"github.com/xdplb/xdplb/control/reconcile"
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/tests/testenv"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+var (
+	nodeIP    = netip.MustParseAddr("192.0.2.1")
+	clusterIP = netip.MustParseAddr("10.96.0.10")
+	lbIP      = netip.MustParseAddr("203.0.113.10")
+)
+
+func newDatapath(t *testing.T) *dataplane.Dataplane {
+	t.Helper()
+	opts := loader.DefaultOptions()
+	opts.PinRoot = testenv.BPFFS(t)
+	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
+	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 16, 256, 64, 64
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	return dataplane.New(&dp.Maps)
+}
+
+func config() reconcile.Config {
+	return reconcile.Config{MaglevMaxSize: 16381, MaglevSeed: 42, ServicesMax: 16, BackendsMax: 64}
+}
+
+func ep(addr string, local, ready bool) model.Endpoint {
+	return model.Endpoint{Addr: netip.MustParseAddr(addr), Port: 8080, Local: local,
+		Ready: ready, Serving: true, Terminating: !ready, Weight: 1}
+}
+
+// web builds a service port the way the model would.
+func web(eps ...model.Endpoint) model.Service {
+	s := model.Service{
+		Namespace: "default", Name: "web", Protocol: model.TCP, Port: 80, NodePort: 30080,
+		Frontends: []model.Frontend{
+			{Addr: clusterIP, Port: 80, Protocol: model.TCP, Kind: model.ClusterIP},
+			{Addr: nodeIP, Port: 30080, Protocol: model.TCP, Kind: model.NodePort},
+			{Addr: lbIP, Port: 80, Protocol: model.TCP, Kind: model.LoadBalancer},
+		},
+		Endpoints: eps,
+	}
+	for _, e := range eps {
+		if e.Ready {
+			s.ClusterSet = append(s.ClusterSet, e)
+			if e.Local {
+				s.LocalSet = append(s.LocalSet, e)
+			}
+		}
+	}
+	return s
+}
+
+func apply(t *testing.T, r *reconcile.Reconciler, svcs ...model.Service) reconcile.Result {
+	t.Helper()
+	res, err := r.Apply(context.Background(), model.State{Services: svcs})
+	if err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	if len(res.Problems) > 0 {
+		t.Logf("problems: %v", res.Problems)
+	}
+	return res
+}
+
+func frontend(t *testing.T, dp *dataplane.Dataplane, addr netip.Addr, port uint16) (dataplane.Frontend, bool) {
+	t.Helper()
+	fes, err := dp.Frontends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok := fes[dataplane.FrontendKey{Addr: addr, Port: port, Proto: dataplane.TCP}]
+	return v, ok
+}
+
+// tableBackends reads a table back as backend addresses per slot.
+func tableBackends(t *testing.T, dp *dataplane.Dataplane, id uint32) []netip.Addr {
+	t.Helper()
+	slots, err := dp.Table(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bes, err := dp.Backends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]netip.Addr, len(slots))
+	for i, s := range slots {
+		b, ok := bes[s]
+		if !ok {
+			t.Fatalf("slot %d names backend %d, which does not exist", i, s)
+		}
+		out[i] = b.Addr
+	}
+	return out
+}
+
+func TestApplyProgramsServicePort(t *testing.T) {
+	dp := newDatapath(t)
+	r, err := reconcile.New(dp, config(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := web(ep("10.244.1.10", false, true), ep("10.244.1.11", false, true), ep("10.244.0.5", true, true),
+		ep("10.244.0.6", true, false))
+	res := apply(t, r, svc)
+	if res.BackendsAdded != 4 || res.FrontendsWritten != 3 || res.TablesWritten != 1 {
+		t.Fatalf("result %+v, want 4 backends, 3 frontends, 1 table", res)
+	}
+
+	cases := []struct {
+		addr  netip.Addr
+		port  uint16
+		flags uint16
+	}{
+		{clusterIP, 80, 0},
+		{nodeIP, 30080, dataplane.FrontendExternal | dataplane.FrontendSNATRemote},
+		{lbIP, 80, dataplane.FrontendExternal | dataplane.FrontendSNATRemote},
+	}
+	var tableID uint32
+	for _, c := range cases {
+		v, ok := frontend(t, dp, c.addr, c.port)
+		if !ok {
+			t.Fatalf("frontend %s:%d missing", c.addr, c.port)
+		}
+		if v.Flags != c.flags {
+			t.Errorf("frontend %s:%d flags %#x, want %#x", c.addr, c.port, v.Flags, c.flags)
+		}
+		if v.TableID == 0 || (tableID != 0 && v.TableID != tableID) {
+			t.Errorf("frontend %s:%d table %d; all frontends should share one non-zero table", c.addr, c.port, v.TableID)
+		}
+		tableID = v.TableID
+	}
+	addrs := tableBackends(t, dp, tableID)
+	if len(addrs) != 509 {
+		t.Errorf("table of %d slots for 3 backends, want 509 (smallest size >= 100x)", len(addrs))
+	}
+	count := map[netip.Addr]int{}
+	for _, a := range addrs {
+		count[a]++
+	}
+	if count[netip.MustParseAddr("10.244.0.6")] != 0 {
+		t.Error("not-ready endpoint has slots while ready ones exist")
+	}
+	if len(count) != 3 {
+		t.Errorf("table uses %d backends, want the 3 ready ones: %v", len(count), count)
+	}
+	bes, _ := dp.Backends()
+	for _, b := range bes {
+		if b.Addr == netip.MustParseAddr("10.244.0.6") && !b.Terminating {
+			t.Error("not-ready endpoint is not marked terminating")
+		}
+		if b.Addr == netip.MustParseAddr("10.244.0.5") && !b.Local {
+			t.Error("local endpoint not marked local")
+		}
+	}
+
+	if res := apply(t, r, svc); res.Changed() {
+		t.Errorf("second apply of the same state changed %+v", res)
+	}
+}
+
+func TestApplyFollowsChanges(t *testing.T) {
+	dp := newDatapath(t)
+	r, _ := reconcile.New(dp, config(), nil)
+	a, b, c := ep("10.244.1.10", false, true), ep("10.244.1.11", false, true), ep("10.244.1.12", false, true)
+	apply(t, r, web(a, b, c))
+	fe, _ := frontend(t, dp, nodeIP, 30080)
+
+	res := apply(t, r, web(a, c))
+	if res.BackendsRemoved != 1 || res.TablesWritten != 1 || len(res.RemovedBackends) != 1 {
+		t.Fatalf("removing an endpoint: %+v", res)
+	}
+	for _, addr := range tableBackends(t, dp, fe.TableID) {
+		if addr == b.Addr {
+			t.Fatal("removed endpoint still in the table")
+		}
+	}
+
+	// Scale to zero: the frontends stay and refuse; the table goes.
+	res = apply(t, r, web())
+	if res.TablesRemoved != 1 || res.BackendsRemoved != 2 {
+		t.Fatalf("scale to zero: %+v", res)
+	}
+	if v, ok := frontend(t, dp, nodeIP, 30080); !ok || v.TableID != 0 || v.Flags&dataplane.FrontendDropIfEmpty != 0 {
+		t.Fatalf("frontend with no endpoints %+v, want table 0 and reject", v)
+	}
+
+	// And back.
+	apply(t, r, web(a))
+	if v, _ := frontend(t, dp, nodeIP, 30080); v.TableID == 0 {
+		t.Fatal("no table after scaling back up")
+	}
+
+	// Deleted: nothing left.
+	res = apply(t, r)
+	if res.FrontendsRemoved != 3 {
+		t.Fatalf("delete: %+v", res)
+	}
+	if fes, _ := dp.Frontends(); len(fes) != 0 {
+		t.Fatalf("%d frontends left", len(fes))
+	}
+	if bes, _ := dp.Backends(); len(bes) != 0 {
+		t.Fatalf("%d backends left", len(bes))
+	}
+	if ids, _ := dp.TableIDs(); len(ids) != 0 {
+		t.Fatalf("tables left: %v", ids)
+	}
+}
+
+func TestApplyTrafficPolicies(t *testing.T) {
+	dp := newDatapath(t)
+	r, _ := reconcile.New(dp, config(), nil)
+	remote := ep("10.244.1.10", false, true)
+	local := ep("10.244.0.5", true, true)
+
+	onlyRemote := web(remote)
+	onlyRemote.ExternalTrafficPolicyLocal = true
+	apply(t, r, onlyRemote)
+	nodePort, _ := frontend(t, dp, nodeIP, 30080)
+	if nodePort.TableID != 0 || nodePort.Flags != dataplane.FrontendExternal|dataplane.FrontendDropIfEmpty {
+		t.Errorf("eTP=Local without local endpoints: %+v, want drop, no SNAT", nodePort)
+	}
+	ci, _ := frontend(t, dp, clusterIP, 80)
+	if ci.TableID == 0 {
+		t.Error("ClusterIP lost its endpoints under eTP=Local")
+	}
+
+	both := web(remote, local)
+	both.ExternalTrafficPolicyLocal = true
+	apply(t, r, both)
+	nodePort, _ = frontend(t, dp, nodeIP, 30080)
+	ci, _ = frontend(t, dp, clusterIP, 80)
+	if nodePort.TableID == ci.TableID {
+		t.Fatal("external and ClusterIP frontends share a table under eTP=Local")
+	}
+	for _, a := range tableBackends(t, dp, nodePort.TableID) {
+		if a != local.Addr {
+			t.Fatalf("eTP=Local table names %s", a)
+		}
+	}
+
+	// loadBalancerSourceRanges: only the LB frontend checks them.
+	ranged := web(remote)
+	ranged.SourceRangesSet = true
+	ranged.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	apply(t, r, ranged)
+	lb, _ := frontend(t, dp, lbIP, 80)
+	np, _ := frontend(t, dp, nodeIP, 30080)
+	if lb.Flags&dataplane.FrontendSourceRanges == 0 || np.Flags&dataplane.FrontendSourceRanges != 0 {
+		t.Errorf("source-range flag: LB %#x, NodePort %#x", lb.Flags, np.Flags)
+	}
+	srs, _ := dp.SourceRanges()
+	if len(srs) != 1 || srs[0].SvcID != lb.SvcID || srs[0].Prefix != ranged.SourceRanges[0] {
+		t.Errorf("source ranges %v", srs)
+	}
+
+	affine := web(remote)
+	affine.AffinityTimeout = 3 * time.Hour
+	apply(t, r, affine)
+	if v, _ := frontend(t, dp, lbIP, 80); v.AffinityTimeout != 10800 {
+		t.Errorf("affinity timeout %d s, want 10800", v.AffinityTimeout)
+	}
+	if srs, _ := dp.SourceRanges(); len(srs) != 0 {
+		t.Errorf("source ranges left behind: %v", srs)
+	}
+}
+
+func TestRestartAdoptsPinnedState(t *testing.T) {
+	dp := newDatapath(t)
+	r, _ := reconcile.New(dp, config(), nil)
+	other := web(ep("10.244.1.20", false, true))
+	other.Name = "other"
+	other.Frontends = []model.Frontend{{Addr: nodeIP, Port: 30081, Protocol: model.TCP, Kind: model.NodePort}}
+	svc := web(ep("10.244.1.10", false, true), ep("10.244.1.11", false, true))
+	apply(t, r, other, svc)
+	before, _ := dp.Frontends()
+	beforeBackends, _ := dp.Backends()
+
+	// A new agent, and the services arrive in another order.
+	r2, err := reconcile.New(dp, config(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := apply(t, r2, svc, other)
+	if res.FrontendsWritten != 0 || res.FrontendsRemoved != 0 || res.BackendsAdded != 0 || res.BackendsRemoved != 0 {
+		t.Fatalf("restart changed frontends or backends: %+v", res)
+	}
+	after, _ := dp.Frontends()
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("frontend %s: %+v became %+v", k, v, after[k])
+		}
+	}
+	afterBackends, _ := dp.Backends()
+	for id, b := range beforeBackends {
+		if afterBackends[id] != b {
+			t.Errorf("backend %d: %+v became %+v", id, b, afterBackends[id])
+		}
+	}
+	if res := apply(t, r2, svc, other); res.Changed() {
+		t.Errorf("third apply changed %+v", res)
+	}
+}
+
+func TestTwoNodesBuildIdenticalTables(t *testing.T) {
+	eps := []model.Endpoint{}
+	for i := 0; i < 20; i++ {
+		eps = append(eps, ep(netip.AddrFrom4([4]byte{10, 244, byte(i % 3), byte(10 + i)}).String(), false, true))
+	}
+	nodeA, nodeB := newDatapath(t), newDatapath(t)
+	ra, _ := reconcile.New(nodeA, config(), nil)
+	rb, _ := reconcile.New(nodeB, config(), nil)
+	// Node B learnt the endpoints in another order, and has an unrelated
+	// service first, so its backend ids differ.
+	unrelated := web(ep("10.9.9.9", false, true))
+	unrelated.Name = "unrelated"
+	unrelated.Frontends = unrelated.Frontends[:1]
+	unrelated.Frontends[0].Addr = netip.MustParseAddr("10.96.9.9")
+	apply(t, ra, web(eps...))
+	reversed := make([]model.Endpoint, len(eps))
+	for i := range eps {
+		reversed[i] = eps[len(eps)-1-i]
+	}
+	apply(t, rb, unrelated, web(reversed...))
+
+	fa, _ := frontend(t, nodeA, lbIP, 80)
+	fb, _ := frontend(t, nodeB, lbIP, 80)
+	ta, tb := tableBackends(t, nodeA, fa.TableID), tableBackends(t, nodeB, fb.TableID)
+	if len(ta) != len(tb) {
+		t.Fatalf("table sizes %d and %d", len(ta), len(tb))
+	}
+	for i := range ta {
+		if ta[i] != tb[i] {
+			t.Fatalf("slot %d: node A says %s, node B %s", i, ta[i], tb[i])
+		}
+	}
+}
+
+func TestOutOfIDsIsReportedNotFatal(t *testing.T) {
+	dp := newDatapath(t)
+	cfg := config()
+	cfg.ServicesMax = 3 // ids 1 and 2
+	r, _ := reconcile.New(dp, cfg, nil)
+	var svcs []model.Service
+	for i := 0; i < 3; i++ {
+		s := web(ep("10.244.1.10", false, true))
+		s.Name = string(rune('a' + i))
+		s.Frontends = []model.Frontend{{Addr: nodeIP, Port: uint16(30000 + i), Protocol: model.TCP, Kind: model.NodePort}}
+		svcs = append(svcs, s)
+	}
+	res, err := r.Apply(context.Background(), model.State{Services: svcs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Problems) != 1 || res.FrontendsWritten != 2 {
+		t.Fatalf("result %+v, want two service ports programmed and one problem", res)
+	}
+}
+
+func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
+	dp := newDatapath(t)
+	gone := netip.MustParseAddr("10.244.1.10")
+	reused := netip.MustParseAddr("10.244.1.99")
+	// Flow 1 is to the removed backend 7; flow 2 to backend 7 after the
+	// id went to another address; flow 3 to backend 8.
+	flows := []struct {
+		client  uint16
+		id      uint32
+		backend netip.Addr
+		purged  bool
+	}{
+		{1001, 7, gone, true},
+		{1002, 7, reused, false},
+		{1003, 8, gone, false},
+	}
+	for _, f := range flows {
+		k := xdp.NicCtKey{Saddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1")), Daddr: xdp.AddrToNet(nodeIP),
+			Sport: xdp.PortToNet(f.client), Dport: xdp.PortToNet(30080), Proto: dataplane.TCP}
+		v := xdp.NicCtEntry{BackendId: f.id, BackendAddr: xdp.AddrToNet(f.backend), BackendPort: xdp.PortToNet(8080)}
+		if err := dp.Maps().Conntrack.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed := map[uint32]dataplane.Backend{7: {Addr: gone, Port: 8080}}
+	n, err := reconcile.PurgeFlows(context.Background(), dp, removed)
+	if err != nil || n != 1 {
+		t.Fatalf("purged %d flows (%v), want 1", n, err)
+	}
+	left := map[uint16]bool{}
+	dp.Flows(func(f dataplane.Flow) bool { left[f.Client.Port()] = true; return true })
+	for _, f := range flows {
+		if left[f.client] == f.purged {
+			t.Errorf("flow from port %d: purged=%v, want %v", f.client, !left[f.client], f.purged)
+		}
+	}
+}

@@ -1,0 +1,119 @@
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+)
+
+// Agent is an xdplb agent process running in a node's namespace.
+type Agent struct {
+	cmd     *exec.Cmd
+	node    *Node
+	LogPath string
+	done    chan error
+	Healthz string // address of /healthz inside the node
+}
+
+// StartAgent runs `xdplb agent args...` in the node's namespace, with its
+// log in logPath, and waits until /healthz answers 200 (the first sync is
+// done) or ctx ends.
+func (t *Topology) StartAgent(ctx context.Context, n *Node, binary, logPath string, args ...string) (*Agent, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{node: n, LogPath: logPath, done: make(chan error, 1), Healthz: "127.0.0.1:10256"}
+	full := append([]string{"agent", "--bpffs-root", t.BPFFS, "--healthz-bind-address", a.Healthz,
+		"--metrics-bind-address", "127.0.0.1:10249"}, args...)
+	a.cmd = n.Command(binary, full...)
+	a.cmd.Stdout, a.cmd.Stderr = logf, logf
+	if err := a.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	go func() {
+		a.done <- a.cmd.Wait()
+		logf.Close()
+	}()
+	if err := a.WaitHealthy(ctx, 30*time.Second); err != nil {
+		a.Stop()
+		return nil, fmt.Errorf("%w\n%s", err, a.Log())
+	}
+	return a, nil
+}
+
+// Get fetches a path from the agent's health or metrics server.
+func (a *Agent) Get(addr, path string) (int, string, error) {
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
+		return a.node.Dial(network, address, net.Dialer{Timeout: time.Second})
+	}}
+	defer tr.CloseIdleConnections()
+	client := http.Client{Transport: tr, Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + addr + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// WaitHealthy polls /healthz until it answers 200.
+func (a *Agent) WaitHealthy(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-a.done:
+			a.done <- err
+			return fmt.Errorf("agent exited: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if code, _, err := a.Get(a.Healthz, "/healthz"); err == nil && code == http.StatusOK {
+			return nil
+		}
+	}
+	return errors.New("agent not healthy in time")
+}
+
+// Stop sends SIGTERM and waits for the agent to exit.
+func (a *Agent) Stop() error {
+	if a.cmd.Process == nil {
+		return nil
+	}
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-a.done:
+		a.done <- err
+		return err
+	case <-time.After(10 * time.Second):
+		a.cmd.Process.Kill()
+		return errors.New("agent did not stop on SIGTERM")
+	}
+}
+
+// Log returns the agent's log so far.
+func (a *Agent) Log() string {
+	b, _ := os.ReadFile(a.LogPath)
+	return string(b)
+}
+
+// CLI runs an xdplb command in the node's namespace against the same pins.
+func (t *Topology) CLI(n *Node, binary string, args ...string) (string, error) {
+	full := append([]string{args[0], "--bpffs-root", t.BPFFS}, args[1:]...)
+	return n.Exec(binary, full...)
+}
+
+// NodeExec runs a program in the node's namespace and returns its output.
+func NodeExec(n *Node, binary string, args ...string) (string, error) {
+	return n.Exec(binary, args...)
+}

@@ -1,0 +1,226 @@
+package topology
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Server is a pod's tiny application: an HTTP server answering every
+// request with the pod's name, a TCP line server answering every line with
+// the pod's name (for long-lived connections), and a UDP server answering
+// every datagram with the pod's name and the client address it saw.
+type Server struct {
+	Name      string
+	listeners []io.Closer
+	wg        sync.WaitGroup
+}
+
+// Ports the pod servers listen on.
+const (
+	HTTPPort = 8080
+	LinePort = 9000
+	UDPPort  = 5353
+)
+
+// StartServer starts the servers in a pod.
+func (p *Pod) StartServer() (*Server, error) {
+	s := &Server{Name: p.Name}
+	httpL, err := p.Listen("tcp4", fmt.Sprintf(":%d", HTTPPort))
+	if err != nil {
+		return nil, err
+	}
+	s.listeners = append(s.listeners, httpL)
+	lineL, err := p.Listen("tcp4", fmt.Sprintf(":%d", LinePort))
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.listeners = append(s.listeners, lineL)
+	udp, err := p.ListenPacket("udp4", fmt.Sprintf(":%d", UDPPort))
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.listeners = append(s.listeners, udp)
+
+	s.wg.Add(3)
+	go s.serveHTTP(httpL)
+	go s.serveLines(lineL)
+	go s.serveUDP(udp)
+	return s, nil
+}
+
+func (s *Server) serveHTTP(l net.Listener) {
+	defer s.wg.Done()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			r := bufio.NewReader(c)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if strings.TrimSpace(line) == "" {
+					break
+				}
+			}
+			body := s.Name + "\n"
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\nX-Client: %s\r\n\r\n%s",
+				len(body), c.RemoteAddr(), body)
+		}()
+	}
+}
+
+func (s *Server) serveLines(l net.Listener) {
+	defer s.wg.Done()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			sc := bufio.NewScanner(c)
+			for sc.Scan() {
+				if _, err := fmt.Fprintf(c, "%s %s\n", s.Name, c.RemoteAddr()); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func (s *Server) serveUDP(c net.PacketConn) {
+	defer s.wg.Done()
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		_ = n
+		c.WriteTo([]byte(fmt.Sprintf("%s %s", s.Name, from)), from)
+	}
+}
+
+// Close stops the servers.
+func (s *Server) Close() {
+	for _, l := range s.listeners {
+		l.Close()
+	}
+	s.wg.Wait()
+}
+
+// HTTPGet sends one HTTP request from the client namespace and returns the
+// name of the pod that answered.
+func (t *Topology) HTTPGet(ctx context.Context, addr string) (string, error) {
+	return t.HTTPGetFrom(ctx, addr, 0)
+}
+
+// HTTPGetFrom is HTTPGet from a given client port (0: any).
+func (t *Topology) HTTPGetFrom(ctx context.Context, addr string, port int) (string, error) {
+	d := net.Dialer{Timeout: 3 * time.Second}
+	if port != 0 {
+		d.LocalAddr = &net.TCPAddr{Port: port}
+	}
+	c, err := t.Client.Dial("tcp4", addr, d)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", addr); err != nil {
+		return "", err
+	}
+	raw, err := io.ReadAll(c)
+	if err != nil {
+		return "", err
+	}
+	_, body, ok := strings.Cut(string(raw), "\r\n\r\n")
+	if !ok || !strings.HasPrefix(string(raw), "HTTP/1.1 200") {
+		return "", fmt.Errorf("bad HTTP response %q", raw)
+	}
+	return strings.TrimSpace(body), nil
+}
+
+// UDPQuery sends one datagram from the client namespace and returns the
+// pod's name and the client address the pod saw.
+func (t *Topology) UDPQuery(ctx context.Context, addr string) (name, seenFrom string, err error) {
+	var c net.PacketConn
+	if err := t.Client.Do(func() error {
+		var err error
+		c, err = net.ListenPacket("udp4", ":0")
+		return err
+	}); err != nil {
+		return "", "", err
+	}
+	defer c.Close()
+	dst, err := net.ResolveUDPAddr("udp4", addr)
+	if err != nil {
+		return "", "", err
+	}
+	buf := make([]byte, 1500)
+	for attempt := 0; attempt < 3; attempt++ {
+		if _, err := c.WriteTo([]byte("who"), dst); err != nil {
+			return "", "", err
+		}
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		n, _, err := c.ReadFrom(buf)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return "", "", err
+		}
+		name, from, _ := strings.Cut(string(buf[:n]), " ")
+		return name, from, nil
+	}
+	return "", "", fmt.Errorf("no UDP answer from %s", addr)
+}
+
+// LineConn is a long-lived connection to a pod's line server.
+type LineConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+// OpenLine opens a long-lived connection from the client namespace.
+func (t *Topology) OpenLine(addr string) (*LineConn, error) {
+	d := net.Dialer{Timeout: 3 * time.Second}
+	c, err := t.Client.Dial("tcp4", addr, d)
+	if err != nil {
+		return nil, err
+	}
+	return &LineConn{c: c, r: bufio.NewReader(c)}, nil
+}
+
+// Ask sends a line and returns the pod's name from the answer.
+func (l *LineConn) Ask() (string, error) {
+	l.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintln(l.c, "ping"); err != nil {
+		return "", err
+	}
+	line, err := l.r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+	return name, nil
+}
+
+// Close closes the connection.
+func (l *LineConn) Close() error { return l.c.Close() }
