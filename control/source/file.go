@@ -168,23 +168,22 @@ func (f *File) Run(ctx context.Context, changed func()) error {
 		return fmt.Errorf("services file directory %s: not a directory", dir)
 	}
 
+	// A nil watcher does nothing: the file is then only polled.
 	var w *watcher
-	err = errors.New("disabled")
+	var events <-chan []fsEvent
 	if !f.noWatch {
 		w, err = newWatcher(f.path, f.log)
-	}
-	var events <-chan []fsEvent
-	if err != nil {
-		f.log.Warn("cannot watch the services file for changes; checking it periodically only",
-			"err", err, "interval", f.pollInterval)
-	} else {
-		defer w.close()
-		events = w.events
-		w.sync()
+		if err != nil {
+			f.log.Warn("cannot watch the services file for changes; checking it periodically only",
+				"err", err, "interval", f.pollInterval)
+		} else {
+			defer w.close()
+			events = w.events
+		}
 	}
 
-	f.reload(changed)
 	w.sync()
+	f.reload(changed)
 
 	poll := time.NewTicker(f.pollInterval)
 	defer poll.Stop()

@@ -1,3 +1,5 @@
+//go:build linux
+
 package source
 
 import (
@@ -5,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -13,8 +14,6 @@ import (
 	"testing"
 	"time"
 )
-
-const waitTimeout = 3 * time.Second
 
 // serviceDoc is a Service document with one port.
 func serviceDoc(name string, port int, labels ...string) string {
@@ -66,10 +65,6 @@ type fileHarness struct {
 	f        *File
 	changed  chan struct{}
 	reloaded chan struct{}
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // newFileHarness starts a File on path; polling is off unless opts turn it

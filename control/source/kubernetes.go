@@ -203,10 +203,11 @@ func (k *Kubernetes) Run(ctx context.Context, changed func()) error {
 		}
 	}
 	proxy := k.opts.ProxyName
-	handlers := []struct {
+	type registration struct {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
-	}{
+	}
+	regs := []registration{
 		{k.svcInformer, eventHandler(notify,
 			func(s *corev1.Service) bool { return model.Selected(s.Labels, proxy) },
 			sameService)},
@@ -215,15 +216,12 @@ func (k *Kubernetes) Run(ctx context.Context, changed func()) error {
 			sameSlice)},
 	}
 	if k.nodInformer != nil {
-		handlers = append(handlers, struct {
-			inf cache.SharedIndexInformer
-			h   cache.ResourceEventHandler
-		}{k.nodInformer, eventHandler(notify,
+		regs = append(regs, registration{k.nodInformer, eventHandler(notify,
 			func(n *corev1.Node) bool { return n.Name == k.opts.NodeName },
 			sameNode)})
 	}
-	for _, h := range handlers {
-		if _, err := h.inf.AddEventHandler(h.h); err != nil {
+	for _, r := range regs {
+		if _, err := r.inf.AddEventHandler(r.h); err != nil {
 			return fmt.Errorf("kubernetes source: %w", err)
 		}
 	}

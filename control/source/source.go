@@ -16,8 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Snapshot is a consistent view of the inputs at one moment. Callers must
-// not modify the objects.
+// Snapshot is a consistent view of the inputs at one moment. Services and
+// Slices are sorted by namespace and name and hold only the objects the
+// agent's proxy name selects (see model.Selected). The objects and slices
+// are shared: callers must not modify them.
 type Snapshot struct {
 	Services []*corev1.Service
 	Slices   []*discoveryv1.EndpointSlice
@@ -36,18 +38,24 @@ type Status struct {
 	// unreachable API server), nil when the last read succeeded. The last
 	// good view stays in effect while Err is set.
 	Err error
-	// ErrSince is when Err first appeared.
+	// ErrSince is when the current run of problems began: it stays put
+	// while Err changes from one problem to the next, and is zero when Err
+	// is nil.
 	ErrSince time.Time
 }
 
 // Source is where desired state comes from.
 type Source interface {
 	// Run watches the source until ctx is done. It calls changed (from
-	// any goroutine, possibly in bursts; the caller coalesces) whenever the
-	// view may have changed, including once after the first complete load.
-	// It returns nil when ctx ends, or an error if it cannot run at all.
+	// any goroutine, possibly concurrently and in bursts; the caller
+	// coalesces, and changed should return quickly) whenever the view may
+	// have changed, including once after the first complete load; never
+	// before it. It returns nil when ctx ends, or an error if it cannot
+	// run at all.
 	Run(ctx context.Context, changed func()) error
-	// Snapshot returns the current view.
+	// Snapshot returns the current view. It may be called at any time,
+	// from any goroutine; before the first complete load the view is
+	// empty or partial.
 	Snapshot() Snapshot
 	// Status returns the source's health.
 	Status() Status
