@@ -208,6 +208,7 @@ func (d *Datapath) writeConfig() error {
 		HashSeed:                d.opts.HashSeed,
 		SnatPortMin:             d.opts.SNATPortMin,
 		SnatPortMax:             d.opts.SNATPortMax,
+		HairpinAddr:             xdp.AddrToNet(d.opts.HairpinAddr),
 	}
 	if err := d.Maps.Config.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("write datapath config: %w", err)

@@ -3,6 +3,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 )
 
@@ -29,6 +30,9 @@ type Options struct {
 	HashSeed              uint32
 	SNATPortMin           uint16
 	SNATPortMax           uint16
+	// HairpinAddr is the source address of hairpin flows (a pod reaching
+	// itself through a service); link-local, never on the wire.
+	HairpinAddr netip.Addr
 }
 
 // DefaultOptions are sized for a large edge node: half a million tracked
@@ -49,6 +53,7 @@ func DefaultOptions() Options {
 		HashSeed:              0x5eed1b,
 		SNATPortMin:           40000,
 		SNATPortMax:           60999,
+		HairpinAddr:           netip.MustParseAddr("169.254.42.1"),
 	}
 }
 
@@ -81,6 +86,9 @@ func (o Options) Validate() error {
 	}
 	if o.SNATPortMin == 0 || o.SNATPortMin > o.SNATPortMax {
 		errs = append(errs, fmt.Errorf("SNAT port range %d-%d is empty", o.SNATPortMin, o.SNATPortMax))
+	}
+	if !o.HairpinAddr.Is4() {
+		errs = append(errs, fmt.Errorf("hairpin address %s is not IPv4", o.HairpinAddr))
 	}
 	if o.PinRoot == "" {
 		errs = append(errs, errors.New("pin root must be set"))

@@ -201,7 +201,7 @@ func (f *fixture) program(s service) {
 	}
 	for _, fk := range s.frontends {
 		err := f.maps.PutFrontend(fk, dataplane.Frontend{
-			SvcID: s.svcID, TableID: tableID, AffinityTimeout: s.affinitySeconds, Flags: s.flags,
+			SvcID: s.svcID, TableID: tableID, InternalTableID: tableID, AffinityTimeout: s.affinitySeconds, Flags: s.flags,
 		})
 		if err != nil {
 			f.t.Fatal(err)

@@ -116,12 +116,15 @@ type NicDatapathConfig struct {
 	HashSeed                uint32
 	SnatPortMin             uint16
 	SnatPortMax             uint16
+	HairpinAddr             uint32
+	Pad                     uint32
 }
 
 type NicFrontend struct {
 	_               structs.HostLayout
 	SvcId           uint32
 	TableId         uint32
+	InternalTableId uint32
 	AffinityTimeout uint32
 	Flags           uint16
 	Pad             uint16
@@ -130,10 +133,11 @@ type NicFrontend struct {
 type NicFrontendFlags uint32
 
 const (
-	NicFrontendFlagsFE_EXTERNAL      NicFrontendFlags = 1
-	NicFrontendFlagsFE_SNAT_REMOTE   NicFrontendFlags = 2
-	NicFrontendFlagsFE_SOURCE_RANGES NicFrontendFlags = 4
-	NicFrontendFlagsFE_DROP_IF_EMPTY NicFrontendFlags = 8
+	NicFrontendFlagsFE_EXTERNAL               NicFrontendFlags = 1
+	NicFrontendFlagsFE_SNAT_REMOTE            NicFrontendFlags = 2
+	NicFrontendFlagsFE_SOURCE_RANGES          NicFrontendFlags = 4
+	NicFrontendFlagsFE_DROP_IF_EMPTY          NicFrontendFlags = 8
+	NicFrontendFlagsFE_INTERNAL_DROP_IF_EMPTY NicFrontendFlags = 16
 )
 
 type NicFrontendKey struct {

@@ -69,12 +69,17 @@ const (
 	FrontendSNATRemote   = uint16(xdp.NicFrontendFlagsFE_SNAT_REMOTE)
 	FrontendSourceRanges = uint16(xdp.NicFrontendFlagsFE_SOURCE_RANGES)
 	FrontendDropIfEmpty  = uint16(xdp.NicFrontendFlagsFE_DROP_IF_EMPTY)
+	// FrontendInternalDropIfEmpty: the same for traffic from this node.
+	FrontendInternalDropIfEmpty = uint16(xdp.NicFrontendFlagsFE_INTERNAL_DROP_IF_EMPTY)
 )
 
 // Frontend is what a frontend leads to.
 type Frontend struct {
-	SvcID           uint32 // service port id
-	TableID         uint32 // Maglev table; 0 when there is no usable backend
+	SvcID uint32 // service port id
+	// Maglev tables (0: no usable backend) for traffic from outside the
+	// node and for traffic from this node's pods and host.
+	TableID         uint32
+	InternalTableID uint32
 	AffinityTimeout uint32 // seconds; 0 without ClientIP affinity
 	Flags           uint16
 }
@@ -85,7 +90,8 @@ func (d *Dataplane) PutFrontend(k FrontendKey, v Frontend) error {
 	if err := d.setPortBit(k.Port, true); err != nil {
 		return fmt.Errorf("frontend %s: %w", k, err)
 	}
-	raw := xdp.NicFrontend{SvcId: v.SvcID, TableId: v.TableID, AffinityTimeout: v.AffinityTimeout, Flags: v.Flags}
+	raw := xdp.NicFrontend{SvcId: v.SvcID, TableId: v.TableID, InternalTableId: v.InternalTableID,
+		AffinityTimeout: v.AffinityTimeout, Flags: v.Flags}
 	if err := d.m.Frontends.Put(k.raw(), raw); err != nil {
 		return fmt.Errorf("frontend %s: %w", k, err)
 	}
@@ -153,7 +159,8 @@ func (d *Dataplane) Frontends() (map[FrontendKey]Frontend, error) {
 	var v xdp.NicFrontend
 	it := d.m.Frontends.Iterate()
 	for it.Next(&k, &v) {
-		out[frontendKeyOf(k)] = Frontend{SvcID: v.SvcId, TableID: v.TableId, AffinityTimeout: v.AffinityTimeout, Flags: v.Flags}
+		out[frontendKeyOf(k)] = Frontend{SvcID: v.SvcId, TableID: v.TableId, InternalTableID: v.InternalTableId,
+			AffinityTimeout: v.AffinityTimeout, Flags: v.Flags}
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read frontends: %w", err)

@@ -405,11 +405,7 @@ func frontendKey(f model.Frontend) dataplane.FrontendKey {
 func (r *Reconciler) desireService(svc *model.Service, id uint32, want *desired, res *Result) {
 	var tableOf [2]uint32 // per set: table id, 0 if empty
 	var built [2]bool
-	for _, f := range svc.Frontends {
-		set := clusterSet
-		if svc.UsesLocalSet(f.Kind) {
-			set = localSet
-		}
+	table := func(set tableSet) uint32 {
 		if !built[set] {
 			built[set] = true
 			eps := svc.ClusterSet
@@ -424,8 +420,24 @@ func (r *Reconciler) desireService(svc *model.Service, id uint32, want *desired,
 				want.tables[tableOf[set]] = slots
 			}
 		}
-
-		v := dataplane.Frontend{SvcID: id, TableID: tableOf[set]}
+		return tableOf[set]
+	}
+	for _, f := range svc.Frontends {
+		set := clusterSet
+		if svc.UsesLocalSet(f.Kind) {
+			set = localSet
+		}
+		// Traffic from this node's pods and host to an external frontend
+		// uses the cluster-wide set (as kube-proxy does); to a ClusterIP
+		// it follows internalTrafficPolicy, like everyone's.
+		internal := clusterSet
+		if f.Kind == model.ClusterIP {
+			internal = set
+		}
+		v := dataplane.Frontend{SvcID: id, TableID: table(set), InternalTableID: table(internal)}
+		if v.InternalTableID == 0 && len(svc.ClusterSet) > 0 {
+			v.Flags |= dataplane.FrontendInternalDropIfEmpty
+		}
 		if f.Kind.External() {
 			v.Flags |= dataplane.FrontendExternal
 			if !svc.ExternalTrafficPolicyLocal {

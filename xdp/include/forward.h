@@ -15,10 +15,7 @@
 #include "parse.h"
 #include "csum.h"
 #include "counters.h"
-
-#ifndef AF_INET
-#define AF_INET 2
-#endif
+#include "route.h"
 
 /* Metadata XDP leaves in front of a packet it hands to TC. */
 struct xdp_handoff {
@@ -27,27 +24,6 @@ struct xdp_handoff {
 };
 
 #define XDP_HANDOFF_MAGIC 0x784c4246 /* "xLBF" */
-
-/* Route the packet as if its destination were daddr (its final one). */
-static __always_inline int fib_lookup_ipv4(struct xdp_md *ctx, const struct packet *pkt,
-					   __be32 daddr, struct bpf_fib_lookup *fib)
-{
-	__builtin_memset(fib, 0, sizeof(*fib));
-	fib->family = AF_INET;
-	fib->tos = pkt->ip->tos;
-	fib->l4_protocol = pkt->proto;
-	fib->sport = pkt->sport;
-	fib->dport = pkt->dport;
-	fib->tot_len = bpf_ntohs(pkt->ip->tot_len);
-	fib->ipv4_src = pkt->saddr;
-	fib->ipv4_dst = daddr;
-	fib->ifindex = ctx->ingress_ifindex;
-#ifdef EXP_NO_FIB
-	fib->ifindex = 3;
-	return 0;
-#endif
-	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
-}
 
 static __always_inline void ip_decrease_ttl(struct iphdr *ip)
 {

@@ -32,11 +32,9 @@ static __always_inline int backend_get(__u32 id, struct backend *out)
 	return 1;
 }
 
-/* Slot `hash mod M` of the frontend's Maglev table. */
-static __always_inline enum pick_result maglev_pick(const struct frontend *fe, __u32 hash,
-						    struct pick *out)
+/* Slot `hash mod M` of a Maglev table. */
+static __always_inline enum pick_result maglev_pick(__u32 table_id, __u32 hash, struct pick *out)
 {
-	__u32 table_id = fe->table_id;
 	__u32 zero = 0, slot, *size, *id;
 	void *table;
 
@@ -63,7 +61,7 @@ static __always_inline enum pick_result maglev_pick(const struct frontend *fe, _
  * not terminating; the Maglev hash then covers the client address only, so
  * every node picks the same backend for a client.
  */
-static __always_inline enum pick_result pick_backend(const struct frontend *fe,
+static __always_inline enum pick_result pick_backend(const struct frontend *fe, __u32 table_id,
 						     const struct ct_key *flow, __u32 seed,
 						     __u64 now, struct pick *out)
 {
@@ -72,8 +70,8 @@ static __always_inline enum pick_result pick_backend(const struct frontend *fe,
 	enum pick_result res;
 
 	if (fe->affinity_timeout == 0)
-		return maglev_pick(fe, flow_hash(flow->saddr, flow->daddr, flow->sport,
-						 flow->dport, flow->proto, seed),
+		return maglev_pick(table_id, flow_hash(flow->saddr, flow->daddr, flow->sport,
+						       flow->dport, flow->proto, seed),
 				   out);
 
 	akey.svc_id = fe->svc_id;
@@ -88,7 +86,7 @@ static __always_inline enum pick_result pick_backend(const struct frontend *fe,
 		return PICK_OK;
 	}
 
-	res = maglev_pick(fe, client_hash(flow->saddr, seed), out);
+	res = maglev_pick(table_id, client_hash(flow->saddr, seed), out);
 	if (res != PICK_OK)
 		return res;
 	nentry.last_seen_ns = now;

@@ -26,6 +26,10 @@ struct datapath_config {
 	__u32 hash_seed;                  /* flow hash seed, the same on every node */
 	__u16 snat_port_min;              /* SNAT source ports, host byte order, inclusive */
 	__u16 snat_port_max;
+	/* Source address of hairpin flows (a pod reaching itself through a
+	 * service): replies to it come back through the pod's interface. */
+	__be32 hairpin_addr;
+	__u32 pad;
 };
 
 /* Per-interface facts: the address used as SNAT source for packets that
@@ -57,11 +61,18 @@ enum frontend_flags {
 	/* With no usable backend, drop silently (policy Local with endpoints
 	 * only on other nodes) instead of refusing the client. */
 	FE_DROP_IF_EMPTY = 1 << 3,
+	/* The same for traffic from this node (internalTrafficPolicy Local). */
+	FE_INTERNAL_DROP_IF_EMPTY = 1 << 4,
 };
 
 struct frontend {
-	__u32 svc_id;           /* service port id: counters, affinity, source ranges */
-	__u32 table_id;         /* key into maglev_tables; 0: no usable backend */
+	__u32 svc_id;   /* service port id: counters, affinity, source ranges */
+	/* Maglev tables (keys into maglev_tables; 0: no usable backend) for
+	 * traffic from outside the node, which follows externalTrafficPolicy,
+	 * and for traffic from this node's pods and host, which uses the
+	 * cluster-wide set (ClusterIPs: internalTrafficPolicy). */
+	__u32 table_id;
+	__u32 internal_table_id;
 	__u32 affinity_timeout; /* ClientIP affinity timeout in seconds, 0: none */
 	__u16 flags;            /* enum frontend_flags */
 	__u16 pad;

@@ -1,0 +1,359 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * flow.h - what happens to a packet sent to a frontend, the same for every
+ * hook: follow its tracked flow, or admit it (source ranges), choose a
+ * backend, claim the reverse-NAT half and track it. The hooks differ only
+ * in how they rewrite and send the packet afterwards.
+ *
+ * The origin of the packet matters: traffic from outside the node
+ * (ORIGIN_EXTERNAL, seen on the NIC) follows externalTrafficPolicy and is
+ * SNATed to the node when its backend is elsewhere; traffic from this
+ * node's pods and host (ORIGIN_INTERNAL) uses the cluster-wide set (for
+ * ClusterIPs, internalTrafficPolicy) and keeps its source address, except
+ * for hairpin flows, where a pod reaches itself.
+ */
+#ifndef XDPLB_FLOW_H
+#define XDPLB_FLOW_H
+
+#include "maps.h"
+#include "parse.h"
+#include "counters.h"
+#include "conntrack.h"
+#include "maglev.h"
+#include "nat.h"
+#include "route.h"
+
+enum origin {
+	ORIGIN_EXTERNAL = 0,
+	ORIGIN_INTERNAL,
+};
+
+enum flow_verdict {
+	FLOW_TRACKED,  /* follow res->ct, a live conntrack entry */
+	FLOW_NEW,      /* a new flow: res->ct points at res->fresh, tracked */
+	FLOW_REFUSE,   /* no usable backend: refuse the client */
+	FLOW_RST_GONE, /* mid-connection TCP whose backend is gone: RST */
+	FLOW_DROP,     /* drop, counted as res->reason */
+	FLOW_PASS,     /* not service traffic for this hook: res->reason */
+};
+
+struct flow_result {
+	struct ct_key key;
+	struct ct_entry fresh;
+	struct ct_entry *ct;
+	/* FIB result toward the backend of a new flow (fib_rc < 0: none). */
+	struct bpf_fib_lookup fib;
+	int fib_rc;
+	enum stat reason;
+};
+
+static __always_inline __u8 origin_ct_flags(enum origin origin)
+{
+	return origin == ORIGIN_EXTERNAL ? CT_F_EXTERNAL : 0;
+}
+
+/* Does the tracked backend still exist as it was when the flow started? */
+static __always_inline int ct_backend_alive(const struct ct_entry *ct)
+{
+	struct backend be;
+
+	return backend_get(ct->backend_id, &be) && be.addr == ct->backend_addr &&
+	       be.port == ct->backend_port;
+}
+
+/*
+ * May a packet follow this entry? Not when it was made for the other
+ * origin, expired, is a closed connection whose tuple a SYN reuses, or
+ * lost its backend. The reason is counted here.
+ */
+static __always_inline int ct_usable(const struct ct_entry *ct, const struct packet *pkt,
+				     enum origin origin, const struct datapath_config *cfg,
+				     __u64 now)
+{
+	if ((ct->flags & CT_F_EXTERNAL) != origin_ct_flags(origin))
+		return 0;
+	if (ct_expired(ct, pkt->proto, cfg, now) || ct_reused_tuple(ct, pkt->tcp_flags)) {
+		count(STAT_CT_EXPIRED, 0);
+		return 0;
+	}
+	if (!ct_backend_alive(ct)) {
+		if (pkt->proto != IPPROTO_TCP || (pkt->tcp_flags & TCP_FLAG_SYN))
+			count(STAT_RESELECT_BACKEND_GONE, 0);
+		return 0;
+	}
+	return 1;
+}
+
+static __always_inline int port_has_frontend(__be16 port)
+{
+	__u32 p = bpf_ntohs(port), word = p / 64;
+	__u64 *bits = bpf_map_lookup_elem(&frontend_ports, &word);
+
+	return bits && ((*bits >> (p % 64)) & 1);
+}
+
+/* Admit and track a new flow to a frontend. */
+static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, struct packet *pkt,
+						    enum origin origin,
+						    const struct datapath_config *cfg, __u64 now,
+						    struct flow_result *res)
+{
+	struct frontend_key fkey = {
+		.addr = pkt->daddr,
+		.port = pkt->dport,
+		.proto = pkt->proto,
+	};
+	struct ct_entry *fresh = &res->fresh;
+	struct frontend *fe;
+	struct pick pick;
+	__u32 table_id;
+	__u16 drop_flag;
+	int snat, err;
+
+	fe = bpf_map_lookup_elem(&frontends, &fkey);
+	if (!fe) {
+		res->reason = STAT_PASS_NOT_SERVICE;
+		return FLOW_PASS;
+	}
+	if (origin == ORIGIN_EXTERNAL) {
+		if (!(fe->flags & FE_EXTERNAL)) {
+			res->reason = STAT_PASS_INTERNAL;
+			return FLOW_PASS;
+		}
+		table_id = fe->table_id;
+		drop_flag = FE_DROP_IF_EMPTY;
+	} else {
+		table_id = fe->internal_table_id;
+		drop_flag = FE_INTERNAL_DROP_IF_EMPTY;
+	}
+
+	if (fe->flags & FE_SOURCE_RANGES) {
+		struct source_range_key range = {
+			.prefixlen = 64,
+			.svc_id = bpf_htonl(fe->svc_id),
+			.addr = pkt->saddr,
+		};
+
+		if (!bpf_map_lookup_elem(&source_ranges, &range)) {
+			res->reason = STAT_DROP_SOURCE_RANGE;
+			return FLOW_DROP;
+		}
+	}
+
+	switch (pick_backend(fe, table_id, &res->key, cfg->hash_seed, now, &pick)) {
+	case PICK_OK:
+		break;
+	case PICK_EMPTY:
+		if (fe->flags & drop_flag) {
+			res->reason = STAT_DROP_NO_LOCAL_BACKEND;
+			return FLOW_DROP;
+		}
+		return FLOW_REFUSE;
+	default:
+		res->reason = STAT_DROP_BAD_TABLE;
+		return FLOW_DROP;
+	}
+
+	__builtin_memset(fresh, 0, sizeof(*fresh));
+	fresh->created_ns = now;
+	fresh->last_seen_ns = now;
+	fresh->backend_id = pick.backend_id;
+	fresh->svc_id = fe->svc_id;
+	fresh->backend_addr = pick.backend.addr;
+	fresh->backend_port = pick.backend.port;
+	fresh->flags = origin_ct_flags(origin);
+	if (fe->affinity_timeout)
+		fresh->flags |= CT_F_AFFINITY;
+	if (pkt->proto == IPPROTO_TCP)
+		fresh->tcp_state = ct_tcp_next_state(0, pkt->tcp_flags);
+
+	res->fib_rc = fib_lookup_ipv4(ctx, ifindex, pkt, fresh->backend_addr, &res->fib);
+	if (res->fib_rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		fresh->hop.ifindex = res->fib.ifindex;
+		__builtin_memcpy(fresh->hop.dmac, res->fib.dmac, ETH_ALEN);
+		__builtin_memcpy(fresh->hop.smac, res->fib.smac, ETH_ALEN);
+	}
+
+	if (origin == ORIGIN_EXTERNAL) {
+		snat = (fe->flags & FE_SNAT_REMOTE) && !(pick.backend.flags & BE_LOCAL);
+		if (snat) {
+			fresh->nat_addr = iface_addr(res->fib.ifindex);
+			if (!fresh->nat_addr)
+				fresh->nat_addr = iface_addr(ifindex);
+		}
+	} else {
+		/* A pod reaching itself through its service: the source must
+		 * change, or the pod would see its own address coming in. */
+		snat = pick.backend.addr == pkt->saddr;
+		if (snat)
+			fresh->nat_addr = cfg->hairpin_addr;
+	}
+	if (snat) {
+		fresh->flags |= CT_F_SNAT;
+		if (!fresh->nat_addr) {
+			res->reason = STAT_DROP_NO_NODE_ADDR;
+			return FLOW_DROP;
+		}
+	}
+
+	err = nat_claim(&res->key, fresh, cfg);
+	if (err) {
+		res->reason = err == -1 ? STAT_DROP_NAT_EXHAUSTED : STAT_DROP_CT_FULL;
+		return FLOW_DROP;
+	}
+	if (bpf_map_update_elem(&conntrack, &res->key, fresh, BPF_NOEXIST)) {
+		/* The tuple is tracked already: a retransmitted SYN, or another
+		 * CPU was first. Follow a live entry; replace a dead one. */
+		struct ct_entry *ct = bpf_map_lookup_elem(&conntrack, &res->key);
+
+		if (ct && ct_usable(ct, pkt, origin, cfg, now)) {
+			nat_release(&res->key, fresh);
+			res->ct = ct;
+			return FLOW_TRACKED;
+		}
+		if (ct)
+			nat_release(&res->key, ct);
+		if (bpf_map_update_elem(&conntrack, &res->key, fresh, BPF_ANY)) {
+			nat_release(&res->key, fresh);
+			res->reason = STAT_DROP_CT_FULL;
+			return FLOW_DROP;
+		}
+	}
+	res->ct = fresh;
+	count(STAT_NEW_FLOW, 0);
+	count_service(fe->svc_id, pkt->len, 1);
+	return FLOW_NEW;
+}
+
+/*
+ * Classify a packet to a port some frontend uses: a packet of a live
+ * tracked flow, a new flow, or something to refuse, drop or pass.
+ */
+static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex, struct packet *pkt,
+						       enum origin origin,
+						       const struct datapath_config *cfg, __u64 now,
+						       struct flow_result *res)
+{
+	struct ct_entry *ct;
+
+	res->fib_rc = -1;
+	ct_key_from_packet(pkt, &res->key);
+	/* A SYN starts a connection: skip the lookup that would miss; the
+	 * NOEXIST insert in flow_start catches a tuple that is tracked. */
+	if (pkt->proto == IPPROTO_TCP &&
+	    (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return flow_start(ctx, ifindex, pkt, origin, cfg, now, res);
+
+	ct = bpf_map_lookup_elem(&conntrack, &res->key);
+	if (ct && (ct->flags & CT_F_EXTERNAL) == origin_ct_flags(origin)) {
+		if (ct_usable(ct, pkt, origin, cfg, now)) {
+			res->ct = ct;
+			return FLOW_TRACKED;
+		}
+		if (!ct_expired(ct, pkt->proto, cfg, now) && !ct_backend_alive(ct) &&
+		    pkt->proto == IPPROTO_TCP && !(pkt->tcp_flags & TCP_FLAG_SYN)) {
+			/* Mid-connection and its backend is gone: tell the client. */
+			nat_release(&res->key, ct);
+			bpf_map_delete_elem(&conntrack, &res->key);
+			return FLOW_RST_GONE;
+		}
+		nat_release(&res->key, ct);
+		bpf_map_delete_elem(&conntrack, &res->key);
+	}
+	return flow_start(ctx, ifindex, pkt, origin, cfg, now, res);
+}
+
+/*
+ * Keep a tracked flow's entry current for this packet: TCP state on every
+ * packet (written only on change); once a second the timestamp, the
+ * client's affinity entry and the reverse half, and the cached next hop is
+ * dropped so the packet is routed afresh. Returns 0, or -1 when the
+ * reverse half could not be restored.
+ */
+static __always_inline int flow_touch(struct flow_result *res, const struct packet *pkt,
+				      const struct datapath_config *cfg, __u64 now)
+{
+	struct ct_entry *ct = res->ct;
+
+	if (pkt->proto == IPPROTO_TCP) {
+		__u8 next = ct_tcp_next_state(ct->tcp_state, pkt->tcp_flags);
+
+		if (next != ct->tcp_state)
+			ct->tcp_state = next;
+	}
+	if (now - ct->last_seen_ns <= NSEC_PER_SEC)
+		return 0;
+	ct->last_seen_ns = now;
+	ct->hop.ifindex = 0;
+	if (ct->flags & CT_F_AFFINITY)
+		affinity_touch(ct->svc_id, res->key.saddr, now);
+	switch (nat_ensure(&res->key, ct, cfg)) {
+	case NAT_OK:
+		break;
+	case NAT_REPAIRED:
+		count(STAT_NAT_REPAIRED, 0);
+		break;
+	case NAT_PORT_MOVED:
+		count(STAT_NAT_PORT_MOVED, 0);
+		break;
+	default:
+		return -1;
+	}
+	return 0;
+}
+
+/* The address and port a tracked flow's packets leave with. */
+static __always_inline void flow_source(const struct ct_entry *ct, const struct packet *pkt,
+					__be32 *saddr, __be16 *sport)
+{
+	if (ct->flags & CT_F_SNAT) {
+		*saddr = ct->nat_addr;
+		*sport = ct->nat_port;
+	} else {
+		*saddr = pkt->saddr;
+		*sport = pkt->sport;
+	}
+}
+
+/*
+ * Check, once a second and on FIN or RST, that a reverse entry's forward
+ * half is still there (rebuilding it if evicted) and still this flow.
+ * Returns 0 to translate the reply, -1 when the reverse entry is stale
+ * (deleted; drop the reply).
+ */
+static __always_inline int reverse_touch(const struct nat_key *key, struct nat_entry *rev,
+					 const struct packet *pkt, __u64 now)
+{
+	int refresh = now - rev->last_seen_ns > NSEC_PER_SEC;
+	struct ct_entry *ct, rebuilt;
+	struct ct_key flow;
+
+	if (!refresh && !(pkt->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+		return 0;
+	ct_of_nat(key, rev, now, &flow, &rebuilt);
+	ct = bpf_map_lookup_elem(&conntrack, &flow);
+	if (!ct) {
+		bpf_map_update_elem(&conntrack, &flow, &rebuilt, BPF_NOEXIST);
+		count(STAT_CT_REPAIRED, 0);
+	} else if (ct->backend_addr != key->saddr || ct->backend_port != key->sport ||
+		   ((ct->flags & CT_F_SNAT) &&
+		    (ct->nat_addr != key->daddr || ct->nat_port != key->dport))) {
+		/* The client tuple now belongs to a newer flow. */
+		bpf_map_delete_elem(&nat, key);
+		return -1;
+	} else {
+		if (pkt->tcp_flags & TCP_FLAG_RST)
+			ct->tcp_state |= CT_TCP_RST;
+		if (pkt->tcp_flags & TCP_FLAG_FIN)
+			ct->tcp_state |= CT_TCP_FIN;
+		if (refresh)
+			ct->last_seen_ns = now;
+	}
+	if (refresh) {
+		rev->last_seen_ns = now;
+		rev->hop.ifindex = 0; /* re-route the client once a second */
+	}
+	return 0;
+}
+
+#endif /* XDPLB_FLOW_H */

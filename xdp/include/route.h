@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * route.h - FIB lookups, the same from XDP and TC (bpf_fib_lookup takes
+ * either context).
+ */
+#ifndef XDPLB_ROUTE_H
+#define XDPLB_ROUTE_H
+
+#include "parse.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+
+/* Route the packet as if its destination were daddr (its final one), as if
+ * it had arrived on ifindex. */
+static __always_inline int fib_lookup_ipv4(void *ctx, __u32 ifindex, const struct packet *pkt,
+					   __be32 daddr, struct bpf_fib_lookup *fib)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET;
+	fib->tos = pkt->ip->tos;
+	fib->l4_protocol = pkt->proto;
+	fib->sport = pkt->sport;
+	fib->dport = pkt->dport;
+	fib->tot_len = bpf_ntohs(pkt->ip->tot_len);
+	fib->ipv4_src = pkt->saddr;
+	fib->ipv4_dst = daddr;
+	fib->ifindex = ifindex;
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+static __always_inline __be32 iface_addr(__u32 ifindex)
+{
+	struct iface *dev = bpf_map_lookup_elem(&ifaces, &ifindex);
+
+	return dev ? dev->addr : 0;
+}
+
+#endif /* XDPLB_ROUTE_H */
