@@ -15,9 +15,17 @@
  *                reuses one buffer across repetitions); its own cost is
  *                measured by tail-calling xdp_pass.
  *   xdp_sink     counts and drops: the receiving end of the perf suite.
+ *   xdp_fwd      the perf suite's forwarding baseline: rewrites the MACs
+ *                for the egress port configured for the ingress device and
+ *                redirects through a devmap, touching nothing else.
+ *   xdp_gen      the perf suite's packet generator, run with
+ *                BPF_PROG_TEST_RUN in live-frames mode: writes a whole
+ *                header template into every frame, gives it the 5-tuple of
+ *                the next flow and fixes the checksums, then XDP_TX.
  */
 #include "include/common.h"
 #include "include/parse.h"
+#include "include/csum.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -125,4 +133,197 @@ int xdp_sink(struct xdp_md *ctx)
 		c->bytes += ctx->data_end - ctx->data;
 	}
 	return XDP_DROP;
+}
+
+/* ---- forwarding baseline ---------------------------------------------- */
+
+/* Where xdp_fwd sends what arrives on a device (keyed by ingress ifindex). */
+struct fwd_port {
+	__u32 ifindex; /* egress device; must be in fwd_ports */
+	__u8 dmac[ETH_ALEN];
+	__u8 smac[ETH_ALEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16);
+	__type(key, __u32);
+	__type(value, struct fwd_port);
+} fwd_routes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, 16);
+	__type(key, __u32);
+	__type(value, __u32);
+} fwd_ports SEC(".maps");
+
+SEC("xdp")
+int xdp_fwd(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	__u32 in = ctx->ingress_ifindex;
+	struct fwd_port *out;
+
+	if ((void *)(eth + 1) > data_end)
+		return XDP_PASS;
+	out = bpf_map_lookup_elem(&fwd_routes, &in);
+	if (!out)
+		return XDP_PASS;
+	__builtin_memcpy(eth->h_dest, out->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, out->smac, ETH_ALEN);
+	return bpf_redirect_map(&fwd_ports, out->ifindex, 0);
+}
+
+/* ---- live-frames generator --------------------------------------------- */
+
+/*
+ * Bytes of the template written into every frame. In live-frames mode the
+ * kernel recycles a frame's page after the receiver is done with it, so the
+ * next frame starts from whatever the forwarding path left there (rewritten
+ * addresses, ports, MACs, TTL, checksums): everything up to here is written
+ * again each time. Frames are at least this long.
+ */
+#define GEN_HDR_LEN 64
+#define GEN_TUPLES_MAX 65536
+
+/* Offsets in an untagged Ethernet + IPv4 (no options) frame. */
+#define GEN_OFF_IP_CHECK (14 + 10)
+#define GEN_OFF_SADDR (14 + 12)
+#define GEN_OFF_DADDR (14 + 16)
+#define GEN_OFF_SPORT (14 + 20)
+#define GEN_OFF_DPORT (14 + 22)
+
+struct gen_config {
+	__u8 hdr[GEN_HDR_LEN]; /* the frame's first bytes, checksums valid as they are */
+	__u32 flows;           /* distinct 5-tuples to cycle over; 0: a new one every frame */
+	__u32 use_tuples;      /* non-zero: tuples come from gen_tuples[i % flows] */
+	__be32 saddr;          /* computed tuples: first source address */
+	__u32 saddr_count;     /* source addresses used (>= 1) */
+	__u32 sport_min;       /* first source port, host order */
+	__u32 sport_count;     /* source ports per address (>= 1) */
+	__be32 daddr;          /* first destination address */
+	__u32 daddr_count;     /* destination addresses used (>= 1) */
+	__u32 daddr_stride;    /* step between destination addresses */
+	__u32 slots;           /* >= the number of CPUs: interleaves per-CPU sequences */
+	__u32 l4_check_off;    /* offset of the L4 checksum in hdr; 0: none to fix */
+	__u32 pad;
+};
+
+/* A tuple as it goes on the wire (network byte order). */
+struct gen_tuple {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+};
+
+struct gen_state {
+	__u64 seq;    /* frames this CPU generated */
+	__u64 errors; /* frames left unsent: bad configuration or short frame */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gen_config);
+} gen_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GEN_TUPLES_MAX);
+	__type(key, __u32);
+	__type(value, struct gen_tuple);
+} gen_tuples SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gen_state);
+} gen_counters SEC(".maps");
+
+/* The tuple of flow number i of a computed sequence. */
+static __always_inline void gen_computed(const struct gen_config *cfg, __u64 i,
+					 struct gen_tuple *t, __be16 dport)
+{
+	__u64 per_addr = cfg->sport_count ? cfg->sport_count : 1;
+	__u64 saddrs = cfg->saddr_count ? cfg->saddr_count : 1;
+	__u64 daddrs = cfg->daddr_count ? cfg->daddr_count : 1;
+	__u32 src = (__u32)((i / per_addr) % saddrs);
+	__u32 dst = (__u32)(i % daddrs);
+
+	t->sport = bpf_htons((__u16)(cfg->sport_min + i % per_addr));
+	t->saddr = bpf_htonl(bpf_ntohl(cfg->saddr) + src);
+	t->daddr = bpf_htonl(bpf_ntohl(cfg->daddr) + dst * cfg->daddr_stride);
+	t->dport = dport;
+}
+
+SEC("xdp")
+int xdp_gen(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 zero = 0;
+	struct gen_config *cfg = bpf_map_lookup_elem(&gen_cfg, &zero);
+	struct gen_state *st = bpf_map_lookup_elem(&gen_counters, &zero);
+	struct gen_tuple t, *row;
+	__u32 ip_delta, l4_delta, off;
+	__be32 old_saddr, old_daddr;
+	__be16 old_sport, old_dport;
+	__u16 *check;
+	__u64 i;
+
+	if (!cfg || !st)
+		return XDP_ABORTED;
+	if (data + GEN_HDR_LEN > data_end) {
+		st->errors++;
+		return XDP_DROP;
+	}
+	__builtin_memcpy(data, cfg->hdr, GEN_HDR_LEN);
+
+	i = st->seq++ * (cfg->slots ? cfg->slots : 1) + bpf_get_smp_processor_id();
+	if (cfg->flows)
+		i %= cfg->flows;
+
+	old_saddr = *(__be32 *)(data + GEN_OFF_SADDR);
+	old_daddr = *(__be32 *)(data + GEN_OFF_DADDR);
+	old_sport = *(__be16 *)(data + GEN_OFF_SPORT);
+	old_dport = *(__be16 *)(data + GEN_OFF_DPORT);
+	if (cfg->use_tuples) {
+		__u32 key = (__u32)i;
+
+		row = bpf_map_lookup_elem(&gen_tuples, &key);
+		if (!row) {
+			st->errors++;
+			return XDP_DROP;
+		}
+		t = *row;
+	} else {
+		gen_computed(cfg, i, &t, old_dport);
+	}
+
+	*(__be32 *)(data + GEN_OFF_SADDR) = t.saddr;
+	*(__be32 *)(data + GEN_OFF_DADDR) = t.daddr;
+	*(__be16 *)(data + GEN_OFF_SPORT) = t.sport;
+	*(__be16 *)(data + GEN_OFF_DPORT) = t.dport;
+
+	ip_delta = csum_delta32(0, old_saddr, t.saddr);
+	ip_delta = csum_delta32(ip_delta, old_daddr, t.daddr);
+	check = data + GEN_OFF_IP_CHECK;
+	*check = csum_apply(*check, ip_delta);
+
+	off = cfg->l4_check_off;
+	if (off >= GEN_OFF_DPORT + 2 && off <= GEN_HDR_LEN - 2) {
+		l4_delta = csum_delta16(ip_delta, old_sport, t.sport);
+		l4_delta = csum_delta16(l4_delta, old_dport, t.dport);
+		check = data + off;
+		if ((void *)(check + 1) > data_end)
+			return XDP_ABORTED;
+		*check = csum_apply(*check, l4_delta);
+	}
+	return XDP_TX;
 }

@@ -22,6 +22,44 @@ type BaselineFrameTemplate struct {
 	Data       [256]uint8
 }
 
+type BaselineFwdPort struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Dmac    [6]uint8
+	Smac    [6]uint8
+}
+
+type BaselineGenConfig struct {
+	_           structs.HostLayout
+	Hdr         [64]uint8
+	Flows       uint32
+	UseTuples   uint32
+	Saddr       uint32
+	SaddrCount  uint32
+	SportMin    uint32
+	SportCount  uint32
+	Daddr       uint32
+	DaddrCount  uint32
+	DaddrStride uint32
+	Slots       uint32
+	L4CheckOff  uint32
+	Pad         uint32
+}
+
+type BaselineGenState struct {
+	_      structs.HostLayout
+	Seq    uint64
+	Errors uint64
+}
+
+type BaselineGenTuple struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+}
+
 type BaselineSinkCounter struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -34,7 +72,14 @@ type BaselineSinkCounter struct {
 const (
 	BaselineMapBenchProgs    = "bench_progs"
 	BaselineMapBenchTemplate = "bench_template"
+	BaselineMapFwdPorts      = "fwd_ports"
+	BaselineMapFwdRoutes     = "fwd_routes"
+	BaselineMapGenCfg        = "gen_cfg"
+	BaselineMapGenCounters   = "gen_counters"
+	BaselineMapGenTuples     = "gen_tuples"
 	BaselineMapSinkStats     = "sink_stats"
+	BaselineProgXdpFwd       = "xdp_fwd"
+	BaselineProgXdpGen       = "xdp_gen"
 	BaselineProgXdpMacswap   = "xdp_macswap"
 	BaselineProgXdpPass      = "xdp_pass"
 	BaselineProgXdpRestore   = "xdp_restore"
@@ -83,6 +128,8 @@ type BaselineSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaselineProgramSpecs struct {
+	XdpFwd     *ebpf.ProgramSpec `ebpf:"xdp_fwd"`
+	XdpGen     *ebpf.ProgramSpec `ebpf:"xdp_gen"`
 	XdpMacswap *ebpf.ProgramSpec `ebpf:"xdp_macswap"`
 	XdpPass    *ebpf.ProgramSpec `ebpf:"xdp_pass"`
 	XdpRestore *ebpf.ProgramSpec `ebpf:"xdp_restore"`
@@ -95,6 +142,11 @@ type BaselineProgramSpecs struct {
 type BaselineMapSpecs struct {
 	BenchProgs    *ebpf.MapSpec `ebpf:"bench_progs"`
 	BenchTemplate *ebpf.MapSpec `ebpf:"bench_template"`
+	FwdPorts      *ebpf.MapSpec `ebpf:"fwd_ports"`
+	FwdRoutes     *ebpf.MapSpec `ebpf:"fwd_routes"`
+	GenCfg        *ebpf.MapSpec `ebpf:"gen_cfg"`
+	GenCounters   *ebpf.MapSpec `ebpf:"gen_counters"`
+	GenTuples     *ebpf.MapSpec `ebpf:"gen_tuples"`
 	SinkStats     *ebpf.MapSpec `ebpf:"sink_stats"`
 }
 
@@ -126,6 +178,11 @@ func (o *BaselineObjects) Close() error {
 type BaselineMaps struct {
 	BenchProgs    *ebpf.Map `ebpf:"bench_progs"`
 	BenchTemplate *ebpf.Map `ebpf:"bench_template"`
+	FwdPorts      *ebpf.Map `ebpf:"fwd_ports"`
+	FwdRoutes     *ebpf.Map `ebpf:"fwd_routes"`
+	GenCfg        *ebpf.Map `ebpf:"gen_cfg"`
+	GenCounters   *ebpf.Map `ebpf:"gen_counters"`
+	GenTuples     *ebpf.Map `ebpf:"gen_tuples"`
 	SinkStats     *ebpf.Map `ebpf:"sink_stats"`
 }
 
@@ -133,6 +190,11 @@ func (m *BaselineMaps) Close() error {
 	return _BaselineClose(
 		m.BenchProgs,
 		m.BenchTemplate,
+		m.FwdPorts,
+		m.FwdRoutes,
+		m.GenCfg,
+		m.GenCounters,
+		m.GenTuples,
 		m.SinkStats,
 	)
 }
@@ -147,6 +209,8 @@ type BaselineVariables struct {
 //
 // It can be passed to LoadBaselineObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BaselinePrograms struct {
+	XdpFwd     *ebpf.Program `ebpf:"xdp_fwd"`
+	XdpGen     *ebpf.Program `ebpf:"xdp_gen"`
 	XdpMacswap *ebpf.Program `ebpf:"xdp_macswap"`
 	XdpPass    *ebpf.Program `ebpf:"xdp_pass"`
 	XdpRestore *ebpf.Program `ebpf:"xdp_restore"`
@@ -155,6 +219,8 @@ type BaselinePrograms struct {
 
 func (p *BaselinePrograms) Close() error {
 	return _BaselineClose(
+		p.XdpFwd,
+		p.XdpGen,
 		p.XdpMacswap,
 		p.XdpPass,
 		p.XdpRestore,

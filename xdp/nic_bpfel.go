@@ -120,6 +120,11 @@ type NicDatapathConfig struct {
 	Pad                     uint32
 }
 
+type NicFlowScratchBuf struct {
+	_     structs.HostLayout
+	Bytes [144]uint8
+}
+
 type NicFrontend struct {
 	_               structs.HostLayout
 	SvcId           uint32
@@ -252,6 +257,7 @@ const (
 	NicMapBackends         = "backends"
 	NicMapConfig           = "config"
 	NicMapConntrack        = "conntrack"
+	NicMapFlowScratch      = "flow_scratch"
 	NicMapFrontendPorts    = "frontend_ports"
 	NicMapFrontends        = "frontends"
 	NicMapIfaces           = "ifaces"
@@ -320,6 +326,7 @@ type NicMapSpecs struct {
 	Backends      *ebpf.MapSpec `ebpf:"backends"`
 	Config        *ebpf.MapSpec `ebpf:"config"`
 	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
+	FlowScratch   *ebpf.MapSpec `ebpf:"flow_scratch"`
 	FrontendPorts *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends     *ebpf.MapSpec `ebpf:"frontends"`
 	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
@@ -364,6 +371,7 @@ type NicMaps struct {
 	Backends      *ebpf.Map `ebpf:"backends"`
 	Config        *ebpf.Map `ebpf:"config"`
 	Conntrack     *ebpf.Map `ebpf:"conntrack"`
+	FlowScratch   *ebpf.Map `ebpf:"flow_scratch"`
 	FrontendPorts *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends     *ebpf.Map `ebpf:"frontends"`
 	Ifaces        *ebpf.Map `ebpf:"ifaces"`
@@ -383,6 +391,7 @@ func (m *NicMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conntrack,
+		m.FlowScratch,
 		m.FrontendPorts,
 		m.Frontends,
 		m.Ifaces,

@@ -58,17 +58,19 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 					       const struct datapath_config *cfg)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
-	struct flow_result res;
-	struct ct_entry *ct;
+	struct flow_result *res = flow_result_get();
+	struct ct_entry *ct = NULL;
 	__be32 saddr;
 	__be16 sport;
 	int fib_rc;
 
-	switch (flow_classify(ctx, ctx->ingress_ifindex, pkt, ORIGIN_EXTERNAL, cfg, now, &res)) {
+	if (!res)
+		return pass(STAT_PASS_NOT_SERVICE, pkt->len);
+	switch (flow_classify(ctx, ctx->ingress_ifindex, pkt, ORIGIN_EXTERNAL, cfg, now, res, &ct)) {
 	case FLOW_PASS:
-		return pass(res.reason, pkt->len);
+		return pass(res->reason, pkt->len);
 	case FLOW_DROP:
-		return drop(res.reason, pkt->len);
+		return drop(res->reason, pkt->len);
 	case FLOW_REFUSE:
 		return refuse(ctx, pkt);
 	case FLOW_RST_GONE:
@@ -77,19 +79,21 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 			return XDP_DROP;
 		return xdp_reply_tcp_rst(ctx, pkt);
 	case FLOW_NEW:
-		ct = res.ct;
+		if (!ct)
+			return drop(STAT_DROP_CT_FULL, pkt->len);
 		flow_source(ct, pkt, &saddr, &sport);
 		if (rewrite_tuple(pkt, saddr, sport, ct->backend_addr, ct->backend_port))
 			return drop(STAT_DROP_ADJUST, pkt->len);
-		return xdp_forward(ctx, pkt, &res.fib, res.fib_rc, NULL);
+		return xdp_forward(ctx, pkt, &res->fib, res->fib_rc, NULL);
 	case FLOW_TRACKED:
 		break;
 	}
 
 	/* The established fast path: one conntrack lookup, a backend check,
 	 * the rewrite and a cached next hop. */
-	ct = res.ct;
-	if (flow_touch(&res, pkt, cfg, now))
+	if (!ct)
+		return drop(STAT_DROP_CT_FULL, pkt->len);
+	if (flow_touch(&res->key, ct, pkt, cfg, now))
 		return drop(STAT_DROP_CT_FULL, pkt->len);
 	count_service(ct->svc_id, pkt->len, 0);
 	flow_source(ct, pkt, &saddr, &sport);
@@ -97,8 +101,8 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		return drop(STAT_DROP_ADJUST, pkt->len);
 	if (ct->hop.ifindex)
 		return xdp_send(ctx, pkt, &ct->hop);
-	fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, pkt->daddr, &res.fib);
-	return xdp_forward(ctx, pkt, &res.fib, fib_rc, &ct->hop);
+	fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, pkt->daddr, &res->fib);
+	return xdp_forward(ctx, pkt, &res->fib, fib_rc, &ct->hop);
 }
 
 /* A reply from a remote backend to a SNAT port of this node. */

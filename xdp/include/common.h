@@ -45,6 +45,10 @@ struct icmphdr {
 #define __always_inline inline __attribute__((always_inline))
 #endif
 
+#ifndef __noinline
+#define __noinline __attribute__((noinline))
+#endif
+
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 

@@ -37,15 +37,38 @@ enum flow_verdict {
 	FLOW_PASS,     /* not service traffic for this hook: res->reason */
 };
 
+/* The working state of one decision. It is too large for the BPF stack
+ * next to everything else, so it lives in a per-CPU scratch map (programs
+ * do not nest on a CPU, and each fills it before use). It holds no
+ * pointers: the tracked entry is returned separately. */
 struct flow_result {
 	struct ct_key key;
 	struct ct_entry fresh;
-	struct ct_entry *ct;
 	/* FIB result toward the backend of a new flow (fib_rc < 0: none). */
 	struct bpf_fib_lookup fib;
 	int fib_rc;
 	enum stat reason;
 };
+
+/* Raw bytes as the map value: struct bpf_fib_lookup has anonymous unions,
+ * which the Go bindings cannot express. */
+struct flow_scratch_buf {
+	__u8 bytes[sizeof(struct flow_result)];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct flow_scratch_buf);
+} flow_scratch SEC(".maps");
+
+static __always_inline struct flow_result *flow_result_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&flow_scratch, &zero);
+}
 
 static __always_inline __u8 origin_ct_flags(enum origin origin)
 {
@@ -96,7 +119,7 @@ static __always_inline int port_has_frontend(__be16 port)
 static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, struct packet *pkt,
 						    enum origin origin,
 						    const struct datapath_config *cfg, __u64 now,
-						    struct flow_result *res)
+						    struct flow_result *res, struct ct_entry **ctp)
 {
 	struct frontend_key fkey = {
 		.addr = pkt->daddr,
@@ -208,7 +231,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 
 		if (ct && ct_usable(ct, pkt, origin, cfg, now)) {
 			nat_release(&res->key, fresh);
-			res->ct = ct;
+			*ctp = ct;
 			return FLOW_TRACKED;
 		}
 		if (ct)
@@ -219,7 +242,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 			return FLOW_DROP;
 		}
 	}
-	res->ct = fresh;
+	*ctp = fresh;
 	count(STAT_NEW_FLOW, 0);
 	count_service(fe->svc_id, pkt->len, 1);
 	return FLOW_NEW;
@@ -227,12 +250,13 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 
 /*
  * Classify a packet to a port some frontend uses: a packet of a live
- * tracked flow, a new flow, or something to refuse, drop or pass.
+ * tracked flow (*ctp: its entry), a new flow (*ctp: res->fresh, tracked
+ * now), or something to refuse, drop or pass.
  */
 static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex, struct packet *pkt,
 						       enum origin origin,
 						       const struct datapath_config *cfg, __u64 now,
-						       struct flow_result *res)
+						       struct flow_result *res, struct ct_entry **ctp)
 {
 	struct ct_entry *ct;
 
@@ -242,12 +266,12 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
 	 * NOEXIST insert in flow_start catches a tuple that is tracked. */
 	if (pkt->proto == IPPROTO_TCP &&
 	    (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
-		return flow_start(ctx, ifindex, pkt, origin, cfg, now, res);
+		return flow_start(ctx, ifindex, pkt, origin, cfg, now, res, ctp);
 
 	ct = bpf_map_lookup_elem(&conntrack, &res->key);
 	if (ct && (ct->flags & CT_F_EXTERNAL) == origin_ct_flags(origin)) {
 		if (ct_usable(ct, pkt, origin, cfg, now)) {
-			res->ct = ct;
+			*ctp = ct;
 			return FLOW_TRACKED;
 		}
 		if (!ct_expired(ct, pkt->proto, cfg, now) && !ct_backend_alive(ct) &&
@@ -260,7 +284,7 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
 		nat_release(&res->key, ct);
 		bpf_map_delete_elem(&conntrack, &res->key);
 	}
-	return flow_start(ctx, ifindex, pkt, origin, cfg, now, res);
+	return flow_start(ctx, ifindex, pkt, origin, cfg, now, res, ctp);
 }
 
 /*
@@ -270,11 +294,10 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
  * dropped so the packet is routed afresh. Returns 0, or -1 when the
  * reverse half could not be restored.
  */
-static __always_inline int flow_touch(struct flow_result *res, const struct packet *pkt,
-				      const struct datapath_config *cfg, __u64 now)
+static __always_inline int flow_touch(const struct ct_key *key, struct ct_entry *ct,
+				      const struct packet *pkt, const struct datapath_config *cfg,
+				      __u64 now)
 {
-	struct ct_entry *ct = res->ct;
-
 	if (pkt->proto == IPPROTO_TCP) {
 		__u8 next = ct_tcp_next_state(ct->tcp_state, pkt->tcp_flags);
 
@@ -286,8 +309,8 @@ static __always_inline int flow_touch(struct flow_result *res, const struct pack
 	ct->last_seen_ns = now;
 	ct->hop.ifindex = 0;
 	if (ct->flags & CT_F_AFFINITY)
-		affinity_touch(ct->svc_id, res->key.saddr, now);
-	switch (nat_ensure(&res->key, ct, cfg)) {
+		affinity_touch(ct->svc_id, key->saddr, now);
+	switch (nat_ensure(key, ct, cfg)) {
 	case NAT_OK:
 		break;
 	case NAT_REPAIRED:

@@ -29,6 +29,11 @@ struct packet {
 	struct iphdr *ip;
 	void *l4;
 	__u32 len;      /* bytes from the Ethernet header to data_end */
+	__u32 l4_off;   /* offset of the L4 header from the Ethernet header */
+	__u16 tot_len;  /* IPv4 total length, host order */
+	__u16 frag_off; /* IPv4 fragment field, host order */
+	__u16 ip_id;    /* IPv4 identification, network order */
+	__u8 tos;
 	__be32 saddr;
 	__be32 daddr;
 	__be16 sport;   /* ports: 0 for ICMP */
@@ -49,11 +54,22 @@ static __always_inline __u8 tcp_flags_of(struct tcphdr *tcp)
 	return ((__u8 *)tcp)[13];
 }
 
-static __always_inline enum parse_result parse_packet(void *data, void *data_end,
-						      struct packet *pkt)
+/* parse_packet flags: what the caller can handle beyond the fast path. */
+enum parse_flags {
+	PARSE_F_OPTIONS = 1 << 0,   /* IPv4 options: parse past them */
+	PARSE_F_FRAGMENTS = 1 << 1, /* a first fragment is parsed like a whole datagram */
+};
+
+/*
+ * Parse Ethernet, IPv4 and the L4 header. flags is a compile-time constant,
+ * so the XDP fast path (flags 0) carries none of the extra checks.
+ */
+static __always_inline enum parse_result parse_packet_flags(void *data, void *data_end,
+							    struct packet *pkt, int flags)
 {
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
+	__u32 hlen;
 
 	pkt->data = data;
 	pkt->data_end = data_end;
@@ -74,26 +90,37 @@ static __always_inline enum parse_result parse_packet(void *data, void *data_end
 	pkt->ip = ip;
 	if (ip->version != 4)
 		return PARSE_MALFORMED;
-	if (ip->ihl != 5)
-		return ip->ihl < 5 ? PARSE_MALFORMED : PARSE_IP_OPTIONS;
-	/* tot_len must cover the headers and fit the frame (padding allowed). */
-	if (bpf_ntohs(ip->tot_len) < sizeof(*ip) ||
-	    (void *)ip + bpf_ntohs(ip->tot_len) > data_end)
+	if (ip->ihl < 5)
 		return PARSE_MALFORMED;
-	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-		return PARSE_FRAGMENT;
-
+	if (ip->ihl != 5 && !(flags & PARSE_F_OPTIONS))
+		return PARSE_IP_OPTIONS;
+	/* A constant on the fast path, where options were refused above. */
+	hlen = (flags & PARSE_F_OPTIONS) ? ip->ihl * 4 : sizeof(*ip);
+	pkt->tot_len = bpf_ntohs(ip->tot_len);
+	pkt->frag_off = bpf_ntohs(ip->frag_off);
+	pkt->ip_id = ip->id;
+	pkt->tos = ip->tos;
 	pkt->saddr = ip->saddr;
 	pkt->daddr = ip->daddr;
 	pkt->proto = ip->protocol;
-	pkt->l4 = ip + 1;
+	pkt->l4_off = sizeof(*eth) + hlen;
+	/* tot_len must cover the headers and fit the frame (padding allowed). */
+	if (pkt->tot_len < hlen || (void *)ip + pkt->tot_len > data_end)
+		return PARSE_MALFORMED;
+	if (pkt->frag_off & (IP_MF | IP_OFFSET)) {
+		/* Only a first fragment carries the L4 header. */
+		if (!(flags & PARSE_F_FRAGMENTS) || (pkt->frag_off & IP_OFFSET))
+			return PARSE_FRAGMENT;
+	}
+
+	pkt->l4 = (void *)ip + hlen;
 
 	switch (ip->protocol) {
 	case IPPROTO_TCP: {
 		struct tcphdr *tcp = pkt->l4;
 
 		if ((void *)(tcp + 1) > data_end || tcp->doff < 5 ||
-		    tcp->doff * 4 > bpf_ntohs(ip->tot_len) - sizeof(*ip))
+		    tcp->doff * 4 > pkt->tot_len - hlen)
 			return PARSE_MALFORMED;
 		pkt->sport = tcp->source;
 		pkt->dport = tcp->dest;
@@ -103,9 +130,10 @@ static __always_inline enum parse_result parse_packet(void *data, void *data_end
 	case IPPROTO_UDP: {
 		struct udphdr *udp = pkt->l4;
 
-		if ((void *)(udp + 1) > data_end ||
-		    bpf_ntohs(udp->len) < sizeof(*udp) ||
-		    bpf_ntohs(udp->len) > bpf_ntohs(ip->tot_len) - sizeof(*ip))
+		if ((void *)(udp + 1) > data_end || bpf_ntohs(udp->len) < sizeof(*udp))
+			return PARSE_MALFORMED;
+		/* A first fragment holds only part of the datagram. */
+		if (!(pkt->frag_off & IP_MF) && bpf_ntohs(udp->len) > pkt->tot_len - hlen)
 			return PARSE_MALFORMED;
 		pkt->sport = udp->source;
 		pkt->dport = udp->dest;
@@ -121,6 +149,13 @@ static __always_inline enum parse_result parse_packet(void *data, void *data_end
 	default:
 		return PARSE_OTHER_L4;
 	}
+}
+
+/* The fast-path parser: no IP options, no fragments. */
+static __always_inline enum parse_result parse_packet(void *data, void *data_end,
+						      struct packet *pkt)
+{
+	return parse_packet_flags(data, data_end, pkt, 0);
 }
 
 #endif /* XDPLB_PARSE_H */

@@ -19,11 +19,11 @@ static __always_inline int fib_lookup_ipv4(void *ctx, __u32 ifindex, const struc
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->family = AF_INET;
-	fib->tos = pkt->ip->tos;
+	fib->tos = pkt->tos;
 	fib->l4_protocol = pkt->proto;
 	fib->sport = pkt->sport;
 	fib->dport = pkt->dport;
-	fib->tot_len = bpf_ntohs(pkt->ip->tot_len);
+	fib->tot_len = pkt->tot_len;
 	fib->ipv4_src = pkt->saddr;
 	fib->ipv4_dst = daddr;
 	fib->ifindex = ifindex;
