@@ -27,10 +27,13 @@ const (
 	XDPGeneric XDPMode = "generic"
 	// XDPBestEffort tries native and falls back to generic.
 	XDPBestEffort XDPMode = "best-effort"
+	// XDPOff attaches no XDP program: the TC program on the NIC does all
+	// the work (slower; for comparison, or drivers where XDP misbehaves).
+	XDPOff XDPMode = "off"
 )
 
 // XDPModes lists the accepted modes, for flag validation.
-var XDPModes = []XDPMode{XDPNative, XDPGeneric, XDPBestEffort}
+var XDPModes = []XDPMode{XDPNative, XDPGeneric, XDPBestEffort, XDPOff}
 
 // ParseXDPMode checks a mode name.
 func ParseXDPMode(s string) (XDPMode, error) {
@@ -39,7 +42,7 @@ func ParseXDPMode(s string) (XDPMode, error) {
 			return m, nil
 		}
 	}
-	return "", fmt.Errorf("unknown XDP mode %q (allowed: native, generic, best-effort)", s)
+	return "", fmt.Errorf("unknown XDP mode %q (allowed: native, generic, best-effort, off)", s)
 }
 
 // maxSingleBufferMTU is roughly the largest MTU a single-page XDP buffer
@@ -73,7 +76,12 @@ func (d *Datapath) AttachNIC(ifname string, mode XDPMode) (Attachment, error) {
 	attrs := dev.Attrs()
 	att := Attachment{Interface: ifname, Ifindex: attrs.Index}
 
-	if att.Mode, err = d.attachXDP(ifname, attrs, mode); err != nil {
+	if mode == XDPOff {
+		if err := d.detachXDP(ifname); err != nil {
+			return att, err
+		}
+		att.Mode = XDPOff
+	} else if att.Mode, err = d.attachXDP(ifname, attrs, mode); err != nil {
 		return att, err
 	}
 	if att.TCMode, err = d.attachTCIngress(ifname, attrs.Index); err != nil {
@@ -82,13 +90,34 @@ func (d *Datapath) AttachNIC(ifname string, mode XDPMode) (Attachment, error) {
 	if err := d.registerInterface(dev); err != nil {
 		return att, fmt.Errorf("interface %s: %w", ifname, err)
 	}
-	if info, err := d.nic.Info(); err == nil {
+	if info, err := d.nic.Info(); err == nil && mode != XDPOff {
 		att.XDPProgID, _ = info.ID()
 	}
 	if info, err := d.nicIngress.Info(); err == nil {
 		att.TCProgID, _ = info.ID()
 	}
 	return att, nil
+}
+
+// detachXDP removes an XDP program of ours from the interface, if any.
+func (d *Datapath) detachXDP(ifname string) error {
+	for _, have := range []XDPMode{XDPNative, XDPGeneric} {
+		path := xdpLinkPath(d.opts.PinRoot, have, ifname)
+		l, err := link.LoadPinnedLink(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("interface %s: open pinned XDP link: %w", ifname, err)
+		}
+		err = l.Unpin()
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("interface %s: unpin XDP link: %w", ifname, err)
+		}
+		d.log.Info("XDP program detached", "interface", ifname)
+	}
+	return nil
 }
 
 func xdpLinkPath(pinRoot string, mode XDPMode, ifname string) string {
@@ -176,13 +205,19 @@ func tcLinkPath(pinRoot, ifname string) string {
 	return filepath.Join(linksDir(pinRoot), "tc-ingress-"+ifname)
 }
 
-// attachTCIngress attaches the NIC's TC ingress program with tcx where the
-// kernel has it (first in line, other programs keep running after it).
+// attachTCIngress attaches the NIC's TC ingress program.
 func (d *Datapath) attachTCIngress(ifname string, ifindex int) (string, error) {
-	path := tcLinkPath(d.opts.PinRoot, ifname)
+	return d.attachTC(d.nicIngress, tcLinkPath(d.opts.PinRoot, ifname), ifname, ifindex)
+}
+
+// attachTC attaches a TC ingress program with tcx where the kernel has it
+// (first in line; other programs keep running after it, as ours continue
+// with TC_ACT_UNSPEC), through a link pinned at path; an existing link is
+// updated in place.
+func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int) (string, error) {
 	if l, err := link.LoadPinnedLink(path, nil); err == nil {
 		defer l.Close()
-		if err := l.Update(d.nicIngress); err != nil {
+		if err := l.Update(prog); err != nil {
 			return "", fmt.Errorf("interface %s: replace TC program: %w", ifname, err)
 		}
 		return "tcx", nil
@@ -192,12 +227,12 @@ func (d *Datapath) attachTCIngress(ifname string, ifindex int) (string, error) {
 
 	l, err := link.AttachTCX(link.TCXOptions{
 		Interface: ifindex,
-		Program:   d.nicIngress,
+		Program:   prog,
 		Attach:    ebpf.AttachTCXIngress,
 		Anchor:    link.Head(),
 	})
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		if err := attachClsact(ifindex, d.nicIngress); err != nil {
+		if err := attachClsact(ifindex, prog); err != nil {
 			return "", fmt.Errorf("interface %s: attach TC ingress (clsact): %w", ifname, err)
 		}
 		return "clsact", nil

@@ -75,6 +75,7 @@ type Datapath struct {
 
 	nic        *ebpf.Program // XDP on the NIC
 	nicIngress *ebpf.Program // TC ingress on the NIC
+	pod        *ebpf.Program // TC ingress on pod interfaces
 	dir        string
 	opts       Options
 	log        *slog.Logger
@@ -116,6 +117,10 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read embedded TC object: %w", err)
 	}
+	podSpec, err := xdp.LoadPod()
+	if err != nil {
+		return nil, fmt.Errorf("read embedded pod TC object: %w", err)
+	}
 	if err := sizeMaps(nicSpec, opts); err != nil {
 		return nil, err
 	}
@@ -148,27 +153,13 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 		return nil, fmt.Errorf("XDP program: %w", err)
 	}
 
-	replacements := map[string]*ebpf.Map{}
-	for name := range ingressSpec.Maps {
-		if m, ok := coll.Maps[name]; ok {
-			replacements[name] = m
-		}
-	}
-	for name := range replacements {
-		ingressSpec.Maps[name].Pinning = ebpf.PinNone
-		ingressSpec.Maps[name].MaxEntries = nicSpec.Maps[name].MaxEntries
-	}
-	ingress, err := ebpf.NewCollectionWithOptions(ingressSpec, ebpf.CollectionOptions{
-		MapReplacements: replacements,
-	})
-	if err != nil {
+	if d.nicIngress, err = loadSharing(ingressSpec, nicSpec, coll, "xdplb_nic_ingress"); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("load TC program: %w", verifierDetail(err))
+		return nil, fmt.Errorf("load TC program: %w", err)
 	}
-	defer ingress.Close()
-	if d.nicIngress, err = ingress.Programs["xdplb_nic_ingress"].Clone(); err != nil {
+	if d.pod, err = loadSharing(podSpec, nicSpec, coll, "xdplb_pod"); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("TC program: %w", err)
+		return nil, fmt.Errorf("load pod TC program: %w", err)
 	}
 
 	if err := d.writeConfig(); err != nil {
@@ -178,12 +169,37 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	return d, nil
 }
 
+// loadSharing loads the program prog of spec, with every map it shares
+// with the XDP object replaced by the XDP collection's (pinned) map.
+func loadSharing(spec, nicSpec *ebpf.CollectionSpec, coll *ebpf.Collection, prog string) (*ebpf.Program, error) {
+	replacements := map[string]*ebpf.Map{}
+	for name, ms := range spec.Maps {
+		m, ok := coll.Maps[name]
+		if !ok || nicSpec.Maps[name].Pinning != ebpf.PinByName {
+			continue
+		}
+		ms.Pinning = ebpf.PinNone
+		ms.MaxEntries = nicSpec.Maps[name].MaxEntries
+		replacements[name] = m
+	}
+	c, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements})
+	if err != nil {
+		return nil, verifierDetail(err)
+	}
+	defer c.Close()
+	p, ok := c.Programs[prog]
+	if !ok {
+		return nil, fmt.Errorf("object has no program %q", prog)
+	}
+	return p.Clone()
+}
+
 // Close releases the loader's file descriptors. Attached programs and
 // pinned maps stay in the kernel.
 func (d *Datapath) Close() error {
 	var errs []error
 	errs = append(errs, d.Maps.Close())
-	for _, p := range []*ebpf.Program{d.nic, d.nicIngress} {
+	for _, p := range []*ebpf.Program{d.nic, d.nicIngress, d.pod} {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}
@@ -194,8 +210,11 @@ func (d *Datapath) Close() error {
 // XDPProgram returns the loaded XDP program (for tests and benchmarks).
 func (d *Datapath) XDPProgram() *ebpf.Program { return d.nic }
 
-// TCProgram returns the loaded TC ingress program.
+// TCProgram returns the loaded TC ingress program of the NIC.
 func (d *Datapath) TCProgram() *ebpf.Program { return d.nicIngress }
+
+// PodProgram returns the loaded TC program of pod interfaces.
+func (d *Datapath) PodProgram() *ebpf.Program { return d.pod }
 
 // Options returns the options the datapath was loaded with.
 func (d *Datapath) Options() Options { return d.opts }

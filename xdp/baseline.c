@@ -195,6 +195,7 @@ int xdp_fwd(struct xdp_md *ctx)
 #define GEN_OFF_DADDR (14 + 16)
 #define GEN_OFF_SPORT (14 + 20)
 #define GEN_OFF_DPORT (14 + 22)
+#define GEN_OFF_TCP_CHECK (14 + 20 + 16)
 
 struct gen_config {
 	__u8 hdr[GEN_HDR_LEN]; /* the frame's first bytes, checksums valid as they are */
@@ -208,7 +209,8 @@ struct gen_config {
 	__u32 daddr_count;     /* destination addresses used (>= 1) */
 	__u32 daddr_stride;    /* step between destination addresses */
 	__u32 slots;           /* >= the number of CPUs: interleaves per-CPU sequences */
-	__u32 l4_check_off;    /* offset of the L4 checksum in hdr; 0: none to fix */
+	__u32 tcp;             /* non-zero: TCP, whose checksum is fixed too (UDP
+				* templates carry none) */
 	__u32 pad;
 };
 
@@ -271,7 +273,7 @@ int xdp_gen(struct xdp_md *ctx)
 	struct gen_config *cfg = bpf_map_lookup_elem(&gen_cfg, &zero);
 	struct gen_state *st = bpf_map_lookup_elem(&gen_counters, &zero);
 	struct gen_tuple t, *row;
-	__u32 ip_delta, l4_delta, off;
+	__u32 ip_delta, l4_delta;
 	__be32 old_saddr, old_daddr;
 	__be16 old_sport, old_dport;
 	__u16 *check;
@@ -316,13 +318,10 @@ int xdp_gen(struct xdp_md *ctx)
 	check = data + GEN_OFF_IP_CHECK;
 	*check = csum_apply(*check, ip_delta);
 
-	off = cfg->l4_check_off;
-	if (off >= GEN_OFF_DPORT + 2 && off <= GEN_HDR_LEN - 2) {
+	if (cfg->tcp) {
 		l4_delta = csum_delta16(ip_delta, old_sport, t.sport);
 		l4_delta = csum_delta16(l4_delta, old_dport, t.dport);
-		check = data + off;
-		if ((void *)(check + 1) > data_end)
-			return XDP_ABORTED;
+		check = data + GEN_OFF_TCP_CHECK;
 		*check = csum_apply(*check, l4_delta);
 	}
 	return XDP_TX;

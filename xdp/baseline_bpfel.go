@@ -42,7 +42,7 @@ type BaselineGenConfig struct {
 	DaddrCount  uint32
 	DaddrStride uint32
 	Slots       uint32
-	L4CheckOff  uint32
+	Tcp         uint32
 	Pad         uint32
 }
 

@@ -125,6 +125,23 @@ type NicFlowScratchBuf struct {
 	Bytes [144]uint8
 }
 
+type NicFragEntry struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	SvcId uint32
+	Pad   uint32
+}
+
+type NicFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type NicFrontend struct {
 	_               structs.HostLayout
 	SvcId           uint32
@@ -233,7 +250,9 @@ const (
 	NicStatSTAT_DROP_BAD_TABLE        NicStat = 32
 	NicStatSTAT_DROP_ADJUST           NicStat = 33
 	NicStatSTAT_TC_NEIGH_REDIRECT     NicStat = 34
-	NicStatSTAT_MAX                   NicStat = 35
+	NicStatSTAT_TC_REDIRECT           NicStat = 35
+	NicStatSTAT_TC_FRAGMENT           NicStat = 36
+	NicStatSTAT_MAX                   NicStat = 37
 )
 
 type NicSvcCounter struct {
@@ -258,6 +277,7 @@ const (
 	NicMapConfig           = "config"
 	NicMapConntrack        = "conntrack"
 	NicMapFlowScratch      = "flow_scratch"
+	NicMapFragments        = "fragments"
 	NicMapFrontendPorts    = "frontend_ports"
 	NicMapFrontends        = "frontends"
 	NicMapIfaces           = "ifaces"
@@ -327,6 +347,7 @@ type NicMapSpecs struct {
 	Config        *ebpf.MapSpec `ebpf:"config"`
 	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
 	FlowScratch   *ebpf.MapSpec `ebpf:"flow_scratch"`
+	Fragments     *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends     *ebpf.MapSpec `ebpf:"frontends"`
 	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
@@ -372,6 +393,7 @@ type NicMaps struct {
 	Config        *ebpf.Map `ebpf:"config"`
 	Conntrack     *ebpf.Map `ebpf:"conntrack"`
 	FlowScratch   *ebpf.Map `ebpf:"flow_scratch"`
+	Fragments     *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends     *ebpf.Map `ebpf:"frontends"`
 	Ifaces        *ebpf.Map `ebpf:"ifaces"`
@@ -392,6 +414,7 @@ func (m *NicMaps) Close() error {
 		m.Config,
 		m.Conntrack,
 		m.FlowScratch,
+		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,
 		m.Ifaces,

@@ -21,6 +21,8 @@ const (
 	NicIngressMapBackends         = "backends"
 	NicIngressMapConfig           = "config"
 	NicIngressMapConntrack        = "conntrack"
+	NicIngressMapFlowScratch      = "flow_scratch"
+	NicIngressMapFragments        = "fragments"
 	NicIngressMapFrontendPorts    = "frontend_ports"
 	NicIngressMapFrontends        = "frontends"
 	NicIngressMapIfaces           = "ifaces"
@@ -89,6 +91,8 @@ type NicIngressMapSpecs struct {
 	Backends      *ebpf.MapSpec `ebpf:"backends"`
 	Config        *ebpf.MapSpec `ebpf:"config"`
 	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
+	FlowScratch   *ebpf.MapSpec `ebpf:"flow_scratch"`
+	Fragments     *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends     *ebpf.MapSpec `ebpf:"frontends"`
 	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
@@ -133,6 +137,8 @@ type NicIngressMaps struct {
 	Backends      *ebpf.Map `ebpf:"backends"`
 	Config        *ebpf.Map `ebpf:"config"`
 	Conntrack     *ebpf.Map `ebpf:"conntrack"`
+	FlowScratch   *ebpf.Map `ebpf:"flow_scratch"`
+	Fragments     *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends     *ebpf.Map `ebpf:"frontends"`
 	Ifaces        *ebpf.Map `ebpf:"ifaces"`
@@ -152,6 +158,8 @@ func (m *NicIngressMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conntrack,
+		m.FlowScratch,
+		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,
 		m.Ifaces,

@@ -156,6 +156,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 	go a.watchAddresses(ctx)
+	go a.watchPods(ctx)
 
 	a.loop(ctx, errc)
 	select {

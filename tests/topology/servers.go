@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/xdplb/xdplb/tests/netns"
 )
 
 // Server is a pod's tiny application: an HTTP server answering every
@@ -111,8 +113,7 @@ func (s *Server) serveUDP(c net.PacketConn) {
 		if err != nil {
 			return
 		}
-		_ = n
-		c.WriteTo([]byte(fmt.Sprintf("%s %s", s.Name, from)), from)
+		c.WriteTo([]byte(fmt.Sprintf("%s %s %d", s.Name, from, n)), from)
 	}
 }
 
@@ -159,23 +160,40 @@ func (t *Topology) HTTPGetFrom(ctx context.Context, addr string, port int) (stri
 // UDPQuery sends one datagram from the client namespace and returns the
 // pod's name and the client address the pod saw.
 func (t *Topology) UDPQuery(ctx context.Context, addr string) (name, seenFrom string, err error) {
+	a, err := UDPAsk(t.Client, addr, []byte("who"))
+	return a.Name, a.From, err
+}
+
+// UDPAnswer is what a pod's UDP server answers.
+type UDPAnswer struct {
+	Name string // the pod
+	From string // the client address it saw
+	Size int    // the size of the datagram it received
+}
+
+// UDPAsk sends payload from namespace ns and returns the answer.
+func UDPAsk(ns *netns.NS, addr string, payload []byte) (UDPAnswer, error) {
 	var c net.PacketConn
-	if err := t.Client.Do(func() error {
+	if err := ns.Do(func() error {
 		var err error
 		c, err = net.ListenPacket("udp4", ":0")
 		return err
 	}); err != nil {
-		return "", "", err
+		return UDPAnswer{}, err
 	}
 	defer c.Close()
+	return askOn(c, addr, payload)
+}
+
+func askOn(c net.PacketConn, addr string, payload []byte) (UDPAnswer, error) {
 	dst, err := net.ResolveUDPAddr("udp4", addr)
 	if err != nil {
-		return "", "", err
+		return UDPAnswer{}, err
 	}
 	buf := make([]byte, 1500)
 	for attempt := 0; attempt < 3; attempt++ {
-		if _, err := c.WriteTo([]byte("who"), dst); err != nil {
-			return "", "", err
+		if _, err := c.WriteTo(payload, dst); err != nil {
+			return UDPAnswer{}, err
 		}
 		c.SetReadDeadline(time.Now().Add(time.Second))
 		n, _, err := c.ReadFrom(buf)
@@ -184,12 +202,23 @@ func (t *Topology) UDPQuery(ctx context.Context, addr string) (name, seenFrom st
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			return "", "", err
+			return UDPAnswer{}, err
 		}
-		name, from, _ := strings.Cut(string(buf[:n]), " ")
-		return name, from, nil
+		var a UDPAnswer
+		fields := strings.Fields(string(buf[:n]))
+		if len(fields) != 3 {
+			return a, fmt.Errorf("odd UDP answer %q", buf[:n])
+		}
+		a.Name, a.From = fields[0], fields[1]
+		fmt.Sscan(fields[2], &a.Size)
+		return a, nil
 	}
-	return "", "", fmt.Errorf("no UDP answer from %s", addr)
+	return UDPAnswer{}, fmt.Errorf("no UDP answer from %s", addr)
+}
+
+// DialFrom opens a TCP connection from namespace ns.
+func DialFrom(ns *netns.NS, addr string, timeout time.Duration) (net.Conn, error) {
+	return ns.Dial("tcp4", addr, net.Dialer{Timeout: timeout})
 }
 
 // LineConn is a long-lived connection to a pod's line server.
@@ -200,8 +229,12 @@ type LineConn struct {
 
 // OpenLine opens a long-lived connection from the client namespace.
 func (t *Topology) OpenLine(addr string) (*LineConn, error) {
-	d := net.Dialer{Timeout: 3 * time.Second}
-	c, err := t.Client.Dial("tcp4", addr, d)
+	return OpenLineFrom(t.Client, addr)
+}
+
+// OpenLineFrom opens a long-lived connection from namespace ns.
+func OpenLineFrom(ns *netns.NS, addr string) (*LineConn, error) {
+	c, err := ns.Dial("tcp4", addr, net.Dialer{Timeout: 3 * time.Second})
 	if err != nil {
 		return nil, err
 	}
@@ -210,16 +243,23 @@ func (t *Topology) OpenLine(addr string) (*LineConn, error) {
 
 // Ask sends a line and returns the pod's name from the answer.
 func (l *LineConn) Ask() (string, error) {
+	name, _, err := l.AskFrom()
+	return name, err
+}
+
+// AskFrom sends a line and returns the pod's name and the client address
+// the pod saw.
+func (l *LineConn) AskFrom() (name, from string, err error) {
 	l.c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := fmt.Fprintln(l.c, "ping"); err != nil {
-		return "", err
+		return "", "", err
 	}
 	line, err := l.r.ReadString('\n')
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-	return name, nil
+	name, from, _ = strings.Cut(strings.TrimSpace(line), " ")
+	return name, from, nil
 }
 
 // Close closes the connection.

@@ -32,6 +32,8 @@ type Service struct {
 	Ports     []ServicePort
 	LBIPs     []string
 	Local     bool // externalTrafficPolicy: Local
+	// InternalLocal sets internalTrafficPolicy: Local.
+	InternalLocal bool
 	Affinity  bool // sessionAffinity: ClientIP
 	Endpoints []*Pod
 	// Terminating endpoints stay in the slice, serving and terminating.
@@ -58,6 +60,10 @@ func (s Service) Objects() (*corev1.Service, *discoveryv1.EndpointSlice) {
 	}
 	if s.Local {
 		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}
+	if s.InternalLocal {
+		local := corev1.ServiceInternalTrafficPolicyLocal
+		svc.Spec.InternalTrafficPolicy = &local
 	}
 	if s.Affinity {
 		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP

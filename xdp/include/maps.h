@@ -232,6 +232,8 @@ enum stat {
 	STAT_DROP_BAD_TABLE,      /* Maglev table missing or malformed */
 	STAT_DROP_ADJUST,         /* could not resize the packet for a reply */
 	STAT_TC_NEIGH_REDIRECT,   /* TC finished an XDP translation with neighbour resolution */
+	STAT_TC_REDIRECT,         /* TC translated a packet and sent it on */
+	STAT_TC_FRAGMENT,         /* TC translated a later fragment like its first */
 	STAT_MAX,
 };
 
@@ -371,6 +373,34 @@ struct {
 	__type(value, struct svc_counter);
 	__uint(pinning, PIN);
 } svc_stats SEC(".maps");
+
+/* ---- fragments --------------------------------------------------------- */
+
+/* Fragmented datagrams (see frag.h): a datagram, as the sender addressed
+ * it, and what its fragments are translated to. */
+struct frag_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* What its fragments are translated to. */
+struct frag_entry {
+	__be32 saddr;
+	__be32 daddr;
+	__u32 svc_id;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct frag_key);
+	__type(value, struct frag_entry);
+	__uint(pinning, PIN);
+} fragments SEC(".maps");
 
 /* ---- for operators ----------------------------------------------------- */
 

@@ -1,0 +1,121 @@
+package agent
+
+import (
+	"context"
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdplb/xdplb/loader"
+)
+
+// podPatterns splits --pod-interfaces into glob patterns.
+func podPatterns(spec string) []string {
+	var out []string
+	for _, p := range strings.Split(spec, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// isPodInterface reports whether a name matches a pattern and is not one
+// of the agent's NICs.
+func (a *Agent) isPodInterface(name string) bool {
+	if slices.Contains(a.cfg.Interfaces, name) {
+		return false
+	}
+	for _, p := range podPatterns(a.cfg.PodInterfaces) {
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// watchPods attaches the pod program to every pod interface, now and as
+// interfaces appear, and forgets those that vanish.
+func (a *Agent) watchPods(ctx context.Context) {
+	if len(podPatterns(a.cfg.PodInterfaces)) == 0 {
+		return
+	}
+	updates := make(chan netlink.LinkUpdate, 256)
+	done := make(chan struct{})
+	defer close(done)
+	// Subscribe before listing, so no interface falls between the two.
+	subscribed := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) { a.log.Warn("pod interface watch", "error", err) },
+	}) == nil
+	if !subscribed {
+		a.log.Warn("cannot watch interfaces; pod interfaces are attached at start only")
+	}
+
+	attached := map[string]int{} // name -> ifindex
+	links, err := netlink.LinkList()
+	if err != nil {
+		a.log.Warn("list interfaces", "error", err)
+	}
+	present := map[string]bool{}
+	for _, l := range links {
+		name := l.Attrs().Name
+		present[name] = true
+		if a.isPodInterface(name) {
+			a.attachPod(name, l.Attrs().Index, attached)
+		}
+	}
+	// Pins of interfaces that went away while no agent ran.
+	if pinned, err := loader.PodInterfaces(a.cfg.Datapath.PinRoot); err == nil {
+		for _, name := range pinned {
+			if !present[name] || !a.isPodInterface(name) {
+				a.forgetPod(name, attached)
+			}
+		}
+	}
+	if !subscribed {
+		<-ctx.Done()
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-updates:
+			if !ok {
+				return
+			}
+			name := u.Attrs().Name
+			if !a.isPodInterface(name) {
+				continue
+			}
+			switch u.Header.Type {
+			case unix.RTM_NEWLINK:
+				if attached[name] != int(u.Attrs().Index) {
+					a.attachPod(name, int(u.Attrs().Index), attached)
+				}
+			case unix.RTM_DELLINK:
+				a.forgetPod(name, attached)
+			}
+		}
+	}
+}
+
+func (a *Agent) attachPod(name string, ifindex int, attached map[string]int) {
+	if err := a.dp.AttachPod(name); err != nil {
+		a.log.Warn("attach to pod interface", "interface", name, "error", err)
+		return
+	}
+	attached[name] = ifindex
+	a.log.Info("pod interface attached", "interface", name)
+}
+
+func (a *Agent) forgetPod(name string, attached map[string]int) {
+	if err := a.dp.ForgetPod(name); err != nil {
+		a.log.Warn("forget pod interface", "interface", name, "error", err)
+	}
+	delete(attached, name)
+	a.log.Debug("pod interface gone", "interface", name)
+}

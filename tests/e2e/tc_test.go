@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/xdplb/xdplb/tests/topology"
+)
+
+// lines is a ClusterIP service on the pods' line and UDP servers.
+func lines(name, clusterIP string, eps ...*topology.Pod) topology.Service {
+	return topology.Service{
+		Name: name, ClusterIP: clusterIP,
+		Ports: []topology.ServicePort{
+			{Name: "lines", Port: 9000, TargetPort: topology.LinePort},
+			{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: topology.UDPPort},
+		},
+		Endpoints: eps,
+	}
+}
+
+// ask opens a line connection from a pod and returns who answered and
+// whom they saw.
+func ask(t *testing.T, from *topology.Pod, addr string) (name, seen string) {
+	t.Helper()
+	c, err := topology.OpenLineFrom(from.NS, addr)
+	if err != nil {
+		t.Fatalf("%s -> %s: %v", from.Name, addr, err)
+	}
+	defer c.Close()
+	name, seen, err = c.AskFrom()
+	if err != nil {
+		t.Fatalf("%s -> %s: %v", from.Name, addr, err)
+	}
+	host, _, _ := net.SplitHostPort(seen)
+	return name, host
+}
+
+func TestPodToClusterIP(t *testing.T) {
+	s := newSandbox(t, 1, 2)
+	client, local := s.local[0], s.local[1]
+	s.write(
+		lines("to-local", "10.96.1.1", local),
+		lines("to-remote", "10.96.1.2", s.pods[0]),
+	)
+	s.startAgent()
+	for _, c := range []struct {
+		addr string
+		want *topology.Pod
+	}{
+		{"10.96.1.1:9000", local},
+		{"10.96.1.2:9000", s.pods[0]},
+	} {
+		name, seen := ask(t, client, c.addr)
+		if name != c.want.Name {
+			t.Errorf("%s reached %s, want %s", c.addr, name, c.want.Name)
+		}
+		if seen != client.Addr.String() {
+			t.Errorf("%s: backend saw client %s, want the pod's own address %s", c.addr, seen, client.Addr)
+		}
+		a, err := topology.UDPAsk(client.NS, strings.Replace(c.addr, ":9000", ":53", 1), []byte("q"))
+		if err != nil || a.Name != c.want.Name || !strings.HasPrefix(a.From, client.Addr.String()+":") {
+			t.Errorf("UDP %s: %+v, %v", c.addr, a, err)
+		}
+	}
+}
+
+func TestPodReachesItselfThroughItsService(t *testing.T) {
+	s := newSandbox(t, 0, 1)
+	self := s.local[0]
+	s.write(lines("self", "10.96.1.3", self))
+	s.startAgent()
+	name, seen := ask(t, self, "10.96.1.3:9000")
+	if name != self.Name {
+		t.Fatalf("hairpin reached %s", name)
+	}
+	if seen == self.Addr.String() {
+		t.Errorf("hairpin flow kept the pod's own source address; it must be SNATed")
+	}
+}
+
+func TestPodToNodePortOfItsNode(t *testing.T) {
+	s := newSandbox(t, 2, 1)
+	svc := shop(s.pods...)
+	s.write(svc)
+	s.startAgent()
+	for _, target := range []string{addr(topology.EdgeAddr, 30082), addr(lbIP, 9000)} {
+		name, seen := ask(t, s.local[0], target)
+		if podByName(s.pods, name) == nil {
+			t.Errorf("%s reached %q", target, name)
+		}
+		if seen != s.local[0].Addr.String() {
+			t.Errorf("%s: backend saw %s, want the pod's address", target, seen)
+		}
+	}
+}
+
+func podByName(pods []*topology.Pod, name string) *topology.Pod {
+	for _, p := range pods {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+func TestInternalTrafficPolicyLocal(t *testing.T) {
+	s := newSandbox(t, 1, 2)
+	client, local := s.local[0], s.local[1]
+	both := lines("both", "10.96.1.4", local, s.pods[0])
+	both.InternalLocal = true
+	remoteOnly := lines("remote-only", "10.96.1.5", s.pods[0])
+	remoteOnly.InternalLocal = true
+	s.write(both, remoteOnly)
+	s.startAgent()
+	for i := 0; i < 6; i++ {
+		if name, _ := ask(t, client, "10.96.1.4:9000"); name != local.Name {
+			t.Fatalf("internalTrafficPolicy Local sent a flow to %s", name)
+		}
+	}
+	// No local endpoint: dropped, not refused (kube-proxy's behaviour).
+	_, err := topology.DialFrom(client.NS, "10.96.1.5:9000", time.Second)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("no local endpoint under internalTrafficPolicy Local: %v, want a timeout", err)
+	}
+}
+
+func TestPodToServiceWithoutEndpointsIsRefused(t *testing.T) {
+	s := newSandbox(t, 0, 1)
+	s.write(lines("empty", "10.96.1.6"))
+	s.startAgent()
+	start := time.Now()
+	_, err := topology.DialFrom(s.local[0].NS, "10.96.1.6:9000", 3*time.Second)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("TCP: %v, want connection refused", err)
+	}
+	if time.Since(start) > time.Second {
+		t.Errorf("refusal took %s", time.Since(start))
+	}
+	c, err := s.local[0].Dial("udp4", "10.96.1.6:53", net.Dialer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("q"))
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 10)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("UDP: %v, want ICMP port unreachable", err)
+	}
+}
+
+func TestPodCreatedAfterTheAgentIsServed(t *testing.T) {
+	s := newSandbox(t, 1, 0)
+	s.write(lines("svc", "10.96.1.7", s.pods[0]))
+	s.startAgent()
+	late, err := s.topo.AddPod(s.topo.Edge, "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := topology.OpenLineFrom(late.NS, "10.96.1.7:9000")
+		if err == nil {
+			name, askErr := c.Ask()
+			c.Close()
+			if askErr == nil && name == s.pods[0].Name {
+				return
+			}
+			err = askErr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a pod created after the agent cannot reach its service: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestExternalTrafficToLocalBackend(t *testing.T) {
+	s := newSandbox(t, 1, 1)
+	svc := shop(s.local[0])
+	svc.Local = true
+	s.write(svc)
+	s.startAgent()
+	conn, err := s.topo.OpenLine(addr(lbIP, 9000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	name, seen, err := conn.AskFrom()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name != s.local[0].Name {
+		t.Fatalf("reached %s", name)
+	}
+	if host, _, _ := net.SplitHostPort(seen); host != topology.ClientAddr.String() {
+		t.Errorf("local backend saw %s, want the client's own address (no SNAT)", seen)
+	}
+	a, err := topology.UDPAsk(s.topo.Client, addr(lbIP, 53), []byte("q"))
+	if err != nil || a.Name != s.local[0].Name {
+		t.Fatalf("UDP to a local backend: %+v, %v", a, err)
+	}
+}
+
+func TestFragmentedDatagramArrivesWhole(t *testing.T) {
+	s := newSandbox(t, 2, 1)
+	s.write(shop(append(s.pods, s.local...)...))
+	s.startAgent()
+	payload := make([]byte, 4000)
+	for i := 0; i < 10; i++ {
+		a, err := topology.UDPAsk(s.topo.Client, addr(topology.EdgeAddr, 30053), payload)
+		if err != nil {
+			t.Fatalf("4000-byte datagram through the NodePort: %v", err)
+		}
+		if a.Size != len(payload) {
+			t.Fatalf("backend %s received %d bytes of a %d-byte datagram", a.Name, a.Size, len(payload))
+		}
+	}
+}

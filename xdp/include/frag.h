@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * frag.h - fragmented datagrams. Only the first fragment carries the ports
+ * a flow is chosen by; the TC programs remember how it was translated,
+ * keyed by the datagram's identity, and translate the later fragments of
+ * the same datagram alike, so the whole datagram reaches one backend.
+ * A later fragment that arrives before its first cannot be told from the
+ * host's own traffic and goes to the stack (counted as pass_fragment by
+ * XDP); its datagram is lost, as it would be to a reordering network.
+ */
+#ifndef XDPLB_FRAG_H
+#define XDPLB_FRAG_H
+
+#include "maps.h"
+#include "parse.h"
+
+static __always_inline void frag_key_of(const struct packet *pkt, struct frag_key *key)
+{
+	key->saddr = pkt->saddr;
+	key->daddr = pkt->daddr;
+	key->id = pkt->ip_id;
+	key->proto = pkt->proto;
+	key->pad = 0;
+}
+
+/* Remember a first fragment's translation (orig: the tuple before it). */
+static __always_inline void frag_remember(const struct packet *orig, const struct packet *now,
+					  __u32 svc_id)
+{
+	struct frag_key key;
+	struct frag_entry entry = {
+		.saddr = now->saddr,
+		.daddr = now->daddr,
+		.svc_id = svc_id,
+	};
+
+	if (!(orig->frag_off & IP_MF))
+		return;
+	frag_key_of(orig, &key);
+	bpf_map_update_elem(&fragments, &key, &entry, BPF_ANY);
+}
+
+#endif /* XDPLB_FRAG_H */

@@ -1,0 +1,234 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * skb.h - packet handling in the TC programs: parsing with direct access,
+ * rewrites through the checksum helpers (which keep partial and complete
+ * checksums of the skb right), forwarding with neighbour resolution, and
+ * refusing a client with a RST or ICMP port unreachable sent back out of
+ * the interface the packet came in on.
+ */
+#ifndef XDPLB_SKB_H
+#define XDPLB_SKB_H
+
+#include "maps.h"
+#include "parse.h"
+#include "csum.h"
+#include "counters.h"
+#include "route.h"
+#include "reject.h"
+
+/* Headers the TC programs read: Ethernet, IPv4 with options, TCP. */
+#define SKB_HEADERS_LEN (sizeof(struct ethhdr) + 60 + sizeof(struct tcphdr))
+
+static __always_inline enum parse_result skb_parse(struct __sk_buff *skb, struct packet *pkt,
+						   int flags)
+{
+	__u32 want = skb->len < SKB_HEADERS_LEN ? skb->len : SKB_HEADERS_LEN;
+
+	/* Make the headers linear for direct access (fails only on
+	 * memory pressure; the parse below then reports them missing). */
+	bpf_skb_pull_data(skb, want);
+	return parse_packet_flags((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, flags);
+}
+
+static __always_inline __u32 l4_csum_off(const struct packet *pkt)
+{
+	return pkt->l4_off + (pkt->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)
+							: offsetof(struct udphdr, check));
+}
+
+/* Replace one IPv4 address field (offset in the IP header) and fix the IP
+ * checksum, and the L4 checksum when the packet carries one. */
+static __always_inline int skb_set_addr(struct __sk_buff *skb, const struct packet *pkt,
+					__u32 field, __be32 from, __be32 to, int with_l4)
+{
+	__u64 l4_flags = BPF_F_PSEUDO_HDR | sizeof(to);
+
+	if (from == to)
+		return 0;
+	if (with_l4) {
+		if (pkt->proto == IPPROTO_UDP)
+			l4_flags |= BPF_F_MARK_MANGLED_0;
+		if (bpf_l4_csum_replace(skb, l4_csum_off(pkt), from, to, l4_flags))
+			return -1;
+	}
+	if (bpf_l3_csum_replace(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, check), from, to,
+				sizeof(to)))
+		return -1;
+	return bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + field, &to, sizeof(to), 0) ? -1 : 0;
+}
+
+static __always_inline int skb_set_port(struct __sk_buff *skb, const struct packet *pkt,
+					__u32 field, __be16 from, __be16 to)
+{
+	__u64 l4_flags = sizeof(to);
+
+	if (from == to)
+		return 0;
+	if (pkt->proto == IPPROTO_UDP)
+		l4_flags |= BPF_F_MARK_MANGLED_0;
+	if (bpf_l4_csum_replace(skb, l4_csum_off(pkt), from, to, l4_flags))
+		return -1;
+	return bpf_skb_store_bytes(skb, pkt->l4_off + field, &to, sizeof(to), 0) ? -1 : 0;
+}
+
+/*
+ * Rewrite addresses and ports of a TCP or UDP packet (a first fragment
+ * included). Direct packet pointers in pkt are invalid afterwards; the
+ * tuple fields are updated.
+ */
+static __always_inline int skb_rewrite_tuple(struct __sk_buff *skb, struct packet *pkt,
+					     __be32 saddr, __be16 sport, __be32 daddr, __be16 dport)
+{
+	if (skb_set_addr(skb, pkt, offsetof(struct iphdr, saddr), pkt->saddr, saddr, 1) ||
+	    skb_set_addr(skb, pkt, offsetof(struct iphdr, daddr), pkt->daddr, daddr, 1) ||
+	    skb_set_port(skb, pkt, 0, pkt->sport, sport) ||
+	    skb_set_port(skb, pkt, 2, pkt->dport, dport))
+		return -1;
+	pkt->saddr = saddr;
+	pkt->daddr = daddr;
+	pkt->sport = sport;
+	pkt->dport = dport;
+	return 0;
+}
+
+/* Rewrite only the addresses (a later fragment, which has no L4 header). */
+static __always_inline int skb_rewrite_addrs(struct __sk_buff *skb, struct packet *pkt,
+					     __be32 saddr, __be32 daddr)
+{
+	if (skb_set_addr(skb, pkt, offsetof(struct iphdr, saddr), pkt->saddr, saddr, 0) ||
+	    skb_set_addr(skb, pkt, offsetof(struct iphdr, daddr), pkt->daddr, daddr, 0))
+		return -1;
+	pkt->saddr = saddr;
+	pkt->daddr = daddr;
+	return 0;
+}
+
+static __always_inline int skb_decrease_ttl(struct __sk_buff *skb)
+{
+	__u32 off = sizeof(struct ethhdr) + offsetof(struct iphdr, ttl);
+	__u16 before, after;
+	__u8 ttl;
+
+	if (bpf_skb_load_bytes(skb, off, &before, sizeof(before)))
+		return -1;
+	ttl = ((__u8 *)&before)[0];
+	if (ttl <= 1)
+		return -1;
+	after = before;
+	((__u8 *)&after)[0] = ttl - 1;
+	if (bpf_l3_csum_replace(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, check), before,
+				after, sizeof(after)))
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &after, sizeof(after), 0) ? -1 : 0;
+}
+
+/*
+ * Send a translated packet on: route its destination as if it arrived on
+ * ifindex, and redirect it to the egress device, where the kernel fills in
+ * the next hop's MAC (resolving it if needed). Routed, so the TTL drops.
+ */
+static __always_inline int skb_forward(struct __sk_buff *skb, const struct packet *pkt,
+				       __u32 ifindex)
+{
+	struct bpf_fib_lookup fib;
+	int rc = fib_lookup_ipv4(skb, ifindex, pkt, pkt->daddr, &fib);
+
+	switch (rc) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+		break;
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		/* The stack sends "fragmentation needed" (translated back to
+		 * the client on the way out by the reverse path). */
+		count(STAT_PASS_FRAG_NEEDED, skb->len);
+		return TC_ACT_OK;
+	case BPF_FIB_LKUP_RET_FWD_DISABLED:
+		count(STAT_DROP_FWD_DISABLED, skb->len);
+		return TC_ACT_SHOT;
+	default:
+		count(STAT_DROP_NO_ROUTE, skb->len);
+		return TC_ACT_SHOT;
+	}
+	if (skb_decrease_ttl(skb)) {
+		count(STAT_DROP_TTL, skb->len);
+		return TC_ACT_SHOT;
+	}
+	count(STAT_TC_REDIRECT, skb->len);
+	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+}
+
+/*
+ * Refuse a client from TC: turn its packet into a TCP RST or an ICMP port
+ * unreachable (built like reject.h does in XDP) and send it back out of the
+ * interface it came in on.
+ */
+static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
+{
+	/* Two bytes of padding put the IPv4 header on a 4-byte boundary:
+	 * the verifier rejects misaligned stack access. */
+	__u8 buf[2 + ICMP_FRAME_LEN] __attribute__((aligned(8)));
+	struct ethhdr *eth = (void *)(buf + 2);
+	struct iphdr *ip = (void *)(eth + 1);
+	__u32 len;
+
+	__builtin_memset(buf, 0, sizeof(buf));
+	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)))
+		goto fail;
+	swap_macs(eth);
+	if (pkt->proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = (void *)(ip + 1);
+		struct tcphdr in;
+		__u32 seg_len, acc;
+
+		count(STAT_REJECT_TCP, skb->len);
+		if (pkt->tcp_flags & TCP_FLAG_RST)
+			return TC_ACT_SHOT;
+		if (bpf_skb_load_bytes(skb, pkt->l4_off, &in, sizeof(in)))
+			goto fail;
+		seg_len = pkt->tot_len - (pkt->l4_off - sizeof(*eth)) - in.doff * 4;
+		if (pkt->tcp_flags & TCP_FLAG_SYN)
+			seg_len++;
+		if (pkt->tcp_flags & TCP_FLAG_FIN)
+			seg_len++;
+		ipv4_header_init(ip, pkt->daddr, pkt->saddr, IPPROTO_TCP, sizeof(*ip) + sizeof(*tcp));
+		tcp->source = pkt->dport;
+		tcp->dest = pkt->sport;
+		tcp->doff = sizeof(*tcp) / 4;
+		tcp->rst = 1;
+		if (pkt->tcp_flags & TCP_FLAG_ACK) {
+			tcp->seq = in.ack_seq;
+		} else {
+			tcp->ack = 1;
+			tcp->ack_seq = bpf_htonl(bpf_ntohl(in.seq) + seg_len);
+		}
+		acc = csum_words((__u16 *)&ip->saddr, 4, 0);
+		acc += bpf_htons(IPPROTO_TCP) + bpf_htons(sizeof(*tcp));
+		acc = csum_words((__u16 *)tcp, sizeof(*tcp) / 2, acc);
+		tcp->check = ~csum_fold32(acc);
+		len = RST_FRAME_LEN;
+	} else {
+		struct icmphdr *icmp = (void *)(ip + 1);
+
+		count(STAT_REJECT_ICMP, skb->len);
+		/* The quote: the original IPv4 header (options dropped) and
+		 * the first 8 bytes of its payload. */
+		if (bpf_skb_load_bytes(skb, sizeof(*eth), icmp + 1, sizeof(struct iphdr)) ||
+		    bpf_skb_load_bytes(skb, pkt->l4_off, (void *)(icmp + 1) + sizeof(struct iphdr), 8))
+			goto fail;
+		ipv4_header_init(ip, pkt->daddr, pkt->saddr, IPPROTO_ICMP,
+				 ICMP_PREPEND_LEN + ICMP_QUOTE_LEN);
+		icmp->type = ICMP_DEST_UNREACH;
+		icmp->code = ICMP_PORT_UNREACH;
+		icmp->checksum = ~csum_fold32(
+			csum_words((__u16 *)icmp, (sizeof(*icmp) + ICMP_QUOTE_LEN) / 2, 0));
+		len = ICMP_FRAME_LEN;
+	}
+	if (bpf_skb_change_tail(skb, len, 0) || bpf_skb_store_bytes(skb, 0, eth, len, 0))
+		goto fail;
+	return bpf_redirect(skb->ifindex, 0);
+fail:
+	count(STAT_DROP_ADJUST, skb->len);
+	return TC_ACT_SHOT;
+}
+
+#endif /* XDPLB_SKB_H */

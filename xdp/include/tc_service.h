@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * tc_service.h - the service and reply paths of the TC programs, the same
+ * on a pod's interface (traffic from this node, ORIGIN_INTERNAL) and on the
+ * NIC (traffic XDP left to TC, or all of it with XDP off).
+ */
+#ifndef XDPLB_TC_SERVICE_H
+#define XDPLB_TC_SERVICE_H
+
+#include "maps.h"
+#include "parse.h"
+#include "counters.h"
+#include "conntrack.h"
+#include "flow.h"
+#include "skb.h"
+#include "frag.h"
+
+/* A packet to a port some frontend uses. */
+static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, enum origin origin,
+				    const struct datapath_config *cfg)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct flow_result *res = flow_result_get();
+	struct ct_entry *ct = NULL;
+	struct packet orig = *pkt;
+	__be32 saddr;
+	__be16 sport;
+
+	if (!res)
+		return TC_ACT_UNSPEC;
+	switch (flow_classify(skb, skb->ifindex, pkt, origin, cfg, now, res, &ct)) {
+	case FLOW_PASS:
+		return TC_ACT_UNSPEC;
+	case FLOW_DROP:
+		count(res->reason, skb->len);
+		return TC_ACT_SHOT;
+	case FLOW_REFUSE:
+		return skb_refuse(skb, pkt);
+	case FLOW_RST_GONE:
+		count(STAT_RST_BACKEND_GONE, skb->len);
+		return skb_refuse(skb, pkt);
+	case FLOW_NEW:
+		break;
+	case FLOW_TRACKED:
+		if (ct && flow_touch(&res->key, ct, pkt, cfg, now)) {
+			count(STAT_DROP_CT_FULL, skb->len);
+			return TC_ACT_SHOT;
+		}
+		if (ct)
+			count_service(ct->svc_id, skb->len, 0);
+		break;
+	}
+	if (!ct) {
+		count(STAT_DROP_CT_FULL, skb->len);
+		return TC_ACT_SHOT;
+	}
+	flow_source(ct, pkt, &saddr, &sport);
+	if (skb_rewrite_tuple(skb, pkt, saddr, sport, ct->backend_addr, ct->backend_port)) {
+		count(STAT_DROP_ADJUST, skb->len);
+		return TC_ACT_SHOT;
+	}
+	frag_remember(&orig, pkt, ct->svc_id);
+	return skb_forward(skb, pkt, skb->ifindex);
+}
+
+/* A reply of a backend: translate it back to what its client expects. */
+static __always_inline int tc_reply(struct __sk_buff *skb, struct packet *pkt,
+				    const struct nat_key *key, struct nat_entry *rev)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct packet orig = *pkt;
+	__u32 svc_id = rev->svc_id;
+
+	if (reverse_touch(key, rev, pkt, now)) {
+		count(STAT_DROP_STALE_NAT, skb->len);
+		return TC_ACT_SHOT;
+	}
+	count(STAT_REVERSE_NAT, 0);
+	count_service(svc_id, skb->len, 0);
+	if (skb_rewrite_tuple(skb, pkt, rev->frontend_addr, rev->frontend_port, rev->client_addr,
+			      rev->client_port)) {
+		count(STAT_DROP_ADJUST, skb->len);
+		return TC_ACT_SHOT;
+	}
+	frag_remember(&orig, pkt, svc_id);
+	return skb_forward(skb, pkt, skb->ifindex);
+}
+
+/* Look for a reverse entry matching the packet as a reply. */
+static __always_inline int tc_try_reply(struct __sk_buff *skb, struct packet *pkt)
+{
+	struct nat_key key = {
+		.saddr = pkt->saddr,
+		.daddr = pkt->daddr,
+		.sport = pkt->sport,
+		.dport = pkt->dport,
+		.proto = pkt->proto,
+	};
+	struct nat_entry *rev = bpf_map_lookup_elem(&nat, &key);
+
+	if (!rev)
+		return -1;
+	return tc_reply(skb, pkt, &key, rev);
+}
+
+/* A later fragment: translate it as its first fragment was. */
+static __always_inline int tc_later_fragment(struct __sk_buff *skb, struct packet *pkt)
+{
+	struct frag_key key;
+	struct frag_entry *entry;
+
+	if (pkt->proto != IPPROTO_UDP && pkt->proto != IPPROTO_TCP)
+		return TC_ACT_UNSPEC;
+	frag_key_of(pkt, &key);
+	entry = bpf_map_lookup_elem(&fragments, &key);
+	if (!entry)
+		return TC_ACT_UNSPEC; /* not of a translated datagram: the stack's */
+	count(STAT_TC_FRAGMENT, skb->len);
+	count_service(entry->svc_id, skb->len, 0);
+	if (skb_rewrite_addrs(skb, pkt, entry->saddr, entry->daddr)) {
+		count(STAT_DROP_ADJUST, skb->len);
+		return TC_ACT_SHOT;
+	}
+	return skb_forward(skb, pkt, skb->ifindex);
+}
+
+#endif /* XDPLB_TC_SERVICE_H */
