@@ -34,8 +34,8 @@ type Service struct {
 	Local     bool // externalTrafficPolicy: Local
 	// InternalLocal sets internalTrafficPolicy: Local.
 	InternalLocal bool
-	Affinity  bool // sessionAffinity: ClientIP
-	Endpoints []*Pod
+	Affinity      bool // sessionAffinity: ClientIP
+	Endpoints     []*Pod
 	// Terminating endpoints stay in the slice, serving and terminating.
 	Terminating []*Pod
 }
