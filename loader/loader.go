@@ -73,9 +73,10 @@ func (m *Maps) Close() error {
 type Datapath struct {
 	Maps Maps
 
-	nic        *ebpf.Program // XDP on the NIC
-	nicIngress *ebpf.Program // TC ingress on the NIC
-	pod        *ebpf.Program // TC ingress on pod interfaces
+	nic        *ebpf.Program    // XDP on the NIC
+	nicIngress *ebpf.Program    // TC ingress on the NIC
+	pod        *ebpf.Program    // TC ingress on pod interfaces
+	sock       *ebpf.Collection // cgroup socket programs for host processes
 	dir        string
 	opts       Options
 	log        *slog.Logger
@@ -121,6 +122,10 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read embedded pod TC object: %w", err)
 	}
+	sockSpec, err := xdp.LoadSock()
+	if err != nil {
+		return nil, fmt.Errorf("read embedded socket object: %w", err)
+	}
 	if err := sizeMaps(nicSpec, opts); err != nil {
 		return nil, err
 	}
@@ -161,6 +166,10 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 		d.Close()
 		return nil, fmt.Errorf("load pod TC program: %w", err)
 	}
+	if d.sock, err = loadCollectionSharing(sockSpec, nicSpec, coll); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("load socket programs: %w", err)
+	}
 
 	if err := d.writeConfig(); err != nil {
 		d.Close()
@@ -172,6 +181,21 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 // loadSharing loads the program prog of spec, with every map it shares
 // with the XDP object replaced by the XDP collection's (pinned) map.
 func loadSharing(spec, nicSpec *ebpf.CollectionSpec, coll *ebpf.Collection, prog string) (*ebpf.Program, error) {
+	c, err := loadCollectionSharing(spec, nicSpec, coll)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	p, ok := c.Programs[prog]
+	if !ok {
+		return nil, fmt.Errorf("object has no program %q", prog)
+	}
+	return p.Clone()
+}
+
+// loadCollectionSharing loads spec with the maps it shares with the XDP
+// object replaced by the XDP collection's (pinned) maps.
+func loadCollectionSharing(spec, nicSpec *ebpf.CollectionSpec, coll *ebpf.Collection) (*ebpf.Collection, error) {
 	replacements := map[string]*ebpf.Map{}
 	for name, ms := range spec.Maps {
 		m, ok := coll.Maps[name]
@@ -186,12 +210,7 @@ func loadSharing(spec, nicSpec *ebpf.CollectionSpec, coll *ebpf.Collection, prog
 	if err != nil {
 		return nil, verifierDetail(err)
 	}
-	defer c.Close()
-	p, ok := c.Programs[prog]
-	if !ok {
-		return nil, fmt.Errorf("object has no program %q", prog)
-	}
-	return p.Clone()
+	return c, nil
 }
 
 // Close releases the loader's file descriptors. Attached programs and
@@ -203,6 +222,9 @@ func (d *Datapath) Close() error {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}
+	}
+	if d.sock != nil {
+		d.sock.Close()
 	}
 	return errors.Join(errs...)
 }
@@ -228,6 +250,7 @@ func (d *Datapath) writeConfig() error {
 		SnatPortMin:             d.opts.SNATPortMin,
 		SnatPortMax:             d.opts.SNATPortMax,
 		HairpinAddr:             xdp.AddrToNet(d.opts.HairpinAddr),
+		NetnsCookie:             netnsCookie(),
 	}
 	if err := d.Maps.Config.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("write datapath config: %w", err)

@@ -118,6 +118,7 @@ type NicDatapathConfig struct {
 	SnatPortMax             uint16
 	HairpinAddr             uint32
 	Pad                     uint32
+	NetnsCookie             uint64
 }
 
 type NicFlowScratchBuf struct {
@@ -205,6 +206,21 @@ type NicNatKey struct {
 	Pad   [3]uint8
 }
 
+type NicSockFrontend struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type NicSockKey struct {
+	_           structs.HostLayout
+	Cookie      uint64
+	BackendAddr uint32
+	BackendPort uint16
+	Pad         uint16
+}
+
 type NicSourceRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -252,7 +268,9 @@ const (
 	NicStatSTAT_TC_NEIGH_REDIRECT     NicStat = 34
 	NicStatSTAT_TC_REDIRECT           NicStat = 35
 	NicStatSTAT_TC_FRAGMENT           NicStat = 36
-	NicStatSTAT_MAX                   NicStat = 37
+	NicStatSTAT_SOCK_CONNECT          NicStat = 37
+	NicStatSTAT_SOCK_REFUSED          NicStat = 38
+	NicStatSTAT_MAX                   NicStat = 39
 )
 
 type NicSvcCounter struct {
@@ -283,6 +301,7 @@ const (
 	NicMapIfaces           = "ifaces"
 	NicMapMaglevTables     = "maglev_tables"
 	NicMapNat              = "nat"
+	NicMapSockFrontends    = "sock_frontends"
 	NicMapSourceRanges     = "source_ranges"
 	NicMapStats            = "stats"
 	NicMapSvcNames         = "svc_names"
@@ -353,6 +372,7 @@ type NicMapSpecs struct {
 	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat           *ebpf.MapSpec `ebpf:"nat"`
+	SockFrontends *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	SvcNames      *ebpf.MapSpec `ebpf:"svc_names"`
@@ -399,6 +419,7 @@ type NicMaps struct {
 	Ifaces        *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
 	Nat           *ebpf.Map `ebpf:"nat"`
+	SockFrontends *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	SvcNames      *ebpf.Map `ebpf:"svc_names"`
@@ -420,6 +441,7 @@ func (m *NicMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.SockFrontends,
 		m.SourceRanges,
 		m.Stats,
 		m.SvcNames,

@@ -28,6 +28,7 @@ const (
 	NicIngressMapIfaces           = "ifaces"
 	NicIngressMapMaglevTables     = "maglev_tables"
 	NicIngressMapNat              = "nat"
+	NicIngressMapSockFrontends    = "sock_frontends"
 	NicIngressMapSourceRanges     = "source_ranges"
 	NicIngressMapStats            = "stats"
 	NicIngressMapSvcNames         = "svc_names"
@@ -98,6 +99,7 @@ type NicIngressMapSpecs struct {
 	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat           *ebpf.MapSpec `ebpf:"nat"`
+	SockFrontends *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	SvcNames      *ebpf.MapSpec `ebpf:"svc_names"`
@@ -144,6 +146,7 @@ type NicIngressMaps struct {
 	Ifaces        *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
 	Nat           *ebpf.Map `ebpf:"nat"`
+	SockFrontends *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	SvcNames      *ebpf.Map `ebpf:"svc_names"`
@@ -165,6 +168,7 @@ func (m *NicIngressMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.SockFrontends,
 		m.SourceRanges,
 		m.Stats,
 		m.SvcNames,

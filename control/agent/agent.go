@@ -78,6 +78,13 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		dp.Close()
 		return nil, err
 	}
+	if cfg.CgroupRoot != "" {
+		if err := dp.AttachHostSockets(cfg.CgroupRoot); err != nil {
+			dp.Close()
+			return nil, err
+		}
+		log.Info("host sockets reach services", "cgroup", cfg.CgroupRoot)
+	}
 	a.rec, err = reconcile.New(a.plane, reconcile.Config{
 		MaglevMaxSize: cfg.MaglevTableSize,
 		MaglevSeed:    cfg.MaglevSeed,

@@ -41,6 +41,9 @@ type Config struct {
 
 	// PodInterfaces is the name pattern of host-side pod interfaces.
 	PodInterfaces string
+	// CgroupRoot is the cgroup v2 directory whose processes (normally all:
+	// the root) reach services through the socket programs; "" disables.
+	CgroupRoot string
 
 	// MinSyncPeriod coalesces bursts of changes: syncs start at most this
 	// often. SyncPeriod is the interval of a full resync without changes.

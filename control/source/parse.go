@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 
 	yamlv3 "go.yaml.in/yaml/v3"
 	corev1 "k8s.io/api/core/v1"
@@ -81,7 +82,8 @@ func (e *ParseError) Error() string {
 	}
 	b.WriteString(": ")
 	if e.Err != nil {
-		b.WriteString(e.Err.Error())
+		// One line per problem.
+		b.WriteString(strings.ReplaceAll(e.Err.Error(), "\n", `\n`))
 	} else {
 		b.WriteString("invalid")
 	}
@@ -89,18 +91,26 @@ func (e *ParseError) Error() string {
 }
 
 func (e *ParseError) object() string {
-	name := e.Name
-	if name != "" && e.Namespace != "" {
-		name = e.Namespace + "/" + name
+	kind, ns, name := printable(e.Kind), printable(e.Namespace), printable(e.Name)
+	if name != "" && ns != "" {
+		name = ns + "/" + name
 	}
 	switch {
-	case e.Kind != "" && name != "":
-		return e.Kind + " " + name
-	case e.Kind != "":
-		return e.Kind
+	case kind != "" && name != "":
+		return kind + " " + name
+	case kind != "":
+		return kind
 	default:
 		return name
 	}
+}
+
+// printable quotes a string that would garble a message.
+func printable(s string) string {
+	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || r == ' ' }) {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 // Unwrap returns the underlying problem.

@@ -402,3 +402,40 @@ func TestSplitDocuments(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseObjects checks that no input makes the parser panic, and that
+// every problem names the file and a line.
+func FuzzParseObjects(f *testing.F) {
+	list, err := os.ReadFile("testdata/list.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(list)
+	f.Add([]byte(svcWeb + "---\n" + sliceWeb))
+	f.Add([]byte("apiVersion: v1\nkind: List\nitems:\n- *a\n"))
+	f.Add([]byte("kind: Service\napiVersion: v1\nmetadata: &m {name: a}\nspec: {ports: [{port: x}], <<: *m}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		svcs, eps, err := ParseObjects("f.yaml", data)
+		if err != nil {
+			if svcs != nil || eps != nil {
+				t.Fatal("objects with an error")
+			}
+			for line := range strings.Lines(err.Error()) {
+				if !strings.HasPrefix(line, "f.yaml") {
+					t.Fatalf("problem %q does not name the file", line)
+				}
+			}
+			return
+		}
+		for _, s := range svcs {
+			if s.Name == "" || s.Namespace == "" {
+				t.Fatalf("service without identity: %+v", s.ObjectMeta)
+			}
+		}
+		for _, s := range eps {
+			if s.Name == "" || s.Namespace == "" {
+				t.Fatalf("slice without identity: %+v", s.ObjectMeta)
+			}
+		}
+	})
+}

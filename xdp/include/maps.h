@@ -30,6 +30,9 @@ struct datapath_config {
 	 * service): replies to it come back through the pod's interface. */
 	__be32 hairpin_addr;
 	__u32 pad;
+	/* The node's network namespace: the socket programs, attached to a
+	 * cgroup shared by every namespace, act only on sockets of this one. */
+	__u64 netns_cookie;
 };
 
 /* Per-interface facts: the address used as SNAT source for packets that
@@ -234,6 +237,8 @@ enum stat {
 	STAT_TC_NEIGH_REDIRECT,   /* TC finished an XDP translation with neighbour resolution */
 	STAT_TC_REDIRECT,         /* TC translated a packet and sent it on */
 	STAT_TC_FRAGMENT,         /* TC translated a later fragment like its first */
+	STAT_SOCK_CONNECT,        /* a host socket's connect/sendmsg went to a backend */
+	STAT_SOCK_REFUSED,        /* a host socket's connect/sendmsg was refused */
 	STAT_MAX,
 };
 
@@ -373,6 +378,31 @@ struct {
 	__type(value, struct svc_counter);
 	__uint(pinning, PIN);
 } svc_stats SEC(".maps");
+
+/* ---- sockets of the node's own processes ----------------------------- */
+
+/* Where a host socket's connection to a frontend really goes, so the
+ * socket still reports the frontend as its peer. */
+struct sock_key {
+	__u64 cookie; /* bpf_get_socket_cookie */
+	__be32 backend_addr;
+	__be16 backend_port;
+	__u16 pad;
+};
+
+struct sock_frontend {
+	__be32 addr;
+	__be16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, struct sock_frontend);
+	__uint(pinning, PIN);
+} sock_frontends SEC(".maps");
 
 /* ---- fragments --------------------------------------------------------- */
 

@@ -1,0 +1,227 @@
+package xdp_test
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/tests/packet"
+)
+
+var (
+	podAddr     = netip.MustParseAddr("10.244.0.5") // the local pod of the fixture
+	hairpinAddr = netip.MustParseAddr("169.254.42.1")
+)
+
+// clusterService: ClusterIP 10.96.0.10:80/TCP and :53/UDP with the given
+// backends (ids from 51).
+func clusterService(proto uint8, port uint16, backends ...dataplane.Backend) service {
+	s := service{
+		svcID: 9, tableID: 9,
+		frontends: []dataplane.FrontendKey{{Addr: clusterIP, Port: port, Proto: proto}},
+		backends:  map[uint32]dataplane.Backend{},
+	}
+	for i, b := range backends {
+		s.backends[uint32(51+i)] = b
+		s.table = append(s.table, uint32(51+i))
+	}
+	return s
+}
+
+func TestPodToClusterIPKeepsPodAddress(t *testing.T) {
+	f := newFixture(t)
+	f.program(clusterService(packet.TCP, 80, backendRemote1))
+	in := tcpFrame(podAddr, 34567, clusterIP, 80, packet.SYN, "hi")
+	in.SrcMAC = localPodMAC
+	var verdict uint32
+	var raw []byte
+	f.expectCounters(map[string]uint64{"new_flow": 1, "tc_redirect": 1}, func() {
+		verdict, raw = f.runTC(f.dp.PodProgram(), in.Bytes(), f.pod0)
+	})
+	if verdict != tcActRedirect {
+		t.Fatalf("verdict %d, want redirect", int32(verdict))
+	}
+	out := decode(t, raw)
+	if out.Src != podAddr || out.SrcPort != 34567 {
+		t.Errorf("source %s:%d, want the pod's own %s:34567", out.Src, out.SrcPort, podAddr)
+	}
+	if out.Dst != remotePod1 || out.DstPort != podPort {
+		t.Errorf("destination %s:%d, want %s:%d", out.Dst, out.DstPort, remotePod1, podPort)
+	}
+	if out.TTL != 63 || string(out.Payload) != "hi" {
+		t.Errorf("TTL %d payload %q", out.TTL, out.Payload)
+	}
+
+	// The remote backend's reply comes in on the NIC and goes back to the
+	// pod, from the ClusterIP.
+	reply := packet.Frame{SrcMAC: gwMAC, Src: remotePod1, Dst: podAddr, Proto: packet.TCP, TTL: 64,
+		SrcPort: podPort, DstPort: 34567, Flags: packet.SYN | packet.ACK, Payload: []byte("ho")}
+	f.expectCounters(map[string]uint64{"reverse_nat": 1, "tc_redirect": 1}, func() {
+		verdict, raw = f.runTC(f.dp.TCProgram(), reply.Bytes(), f.nic1)
+	})
+	if verdict != tcActRedirect {
+		t.Fatalf("reply verdict %d, want redirect", int32(verdict))
+	}
+	back := decode(t, raw)
+	if back.Src != clusterIP || back.SrcPort != 80 || back.Dst != podAddr || back.DstPort != 34567 {
+		t.Errorf("reply %s:%d -> %s:%d", back.Src, back.SrcPort, back.Dst, back.DstPort)
+	}
+}
+
+func TestPodHairpinIsSNATed(t *testing.T) {
+	f := newFixture(t)
+	f.program(clusterService(packet.UDP, 53, dataplane.Backend{Addr: podAddr, Port: 5353, Local: true}))
+	in := udpFrame(podAddr, 40001, clusterIP, 53, "q")
+	verdict, raw := f.runTC(f.dp.PodProgram(), in.Bytes(), f.pod0)
+	if verdict != tcActRedirect {
+		t.Fatalf("verdict %d", int32(verdict))
+	}
+	out := decode(t, raw)
+	if out.Src != hairpinAddr || out.Dst != podAddr || out.DstPort != 5353 {
+		t.Fatalf("hairpin %s:%d -> %s:%d, want %s -> %s:5353", out.Src, out.SrcPort, out.Dst, out.DstPort, hairpinAddr, podAddr)
+	}
+	// The pod's answer to the hairpin address comes back out of the pod.
+	reply := udpFrame(podAddr, 5353, hairpinAddr, out.SrcPort, "a")
+	verdict, raw = f.runTC(f.dp.PodProgram(), reply.Bytes(), f.pod0)
+	if verdict != tcActRedirect {
+		t.Fatalf("reply verdict %d", int32(verdict))
+	}
+	back := decode(t, raw)
+	if back.Src != clusterIP || back.SrcPort != 53 || back.Dst != podAddr || back.DstPort != 40001 {
+		t.Fatalf("hairpin reply %s:%d -> %s:%d", back.Src, back.SrcPort, back.Dst, back.DstPort)
+	}
+}
+
+func TestPodRefusedWithoutEndpoints(t *testing.T) {
+	f := newFixture(t)
+	f.program(clusterService(packet.TCP, 80))
+	f.program(clusterService(packet.UDP, 53))
+	in := tcpFrame(podAddr, 34568, clusterIP, 80, packet.SYN, "")
+	in.SrcMAC = localPodMAC
+	verdict, raw := f.runTC(f.dp.PodProgram(), in.Bytes(), f.pod0)
+	if verdict != tcActRedirect {
+		t.Fatalf("verdict %d, want the RST redirected back", int32(verdict))
+	}
+	rst := decode(t, raw)
+	if rst.Flags != packet.RST|packet.ACK || rst.Src != clusterIP || rst.Dst != podAddr || rst.Ack != in.Seq+1 {
+		t.Fatalf("RST %+v", rst)
+	}
+	if !bytes.Equal(rst.DstMAC, localPodMAC) {
+		t.Errorf("RST to MAC %s, want the pod's %s", rst.DstMAC, localPodMAC)
+	}
+	uin := udpFrame(podAddr, 34569, clusterIP, 53, "query")
+	verdict, raw = f.runTC(f.dp.PodProgram(), uin.Bytes(), f.pod0)
+	icmp := decode(t, raw)
+	if verdict != tcActRedirect || icmp.Proto != packet.ICMP || icmp.ICMPType != 3 || icmp.ICMPCode != 3 {
+		t.Fatalf("UDP refusal: verdict %d, %+v", int32(verdict), icmp)
+	}
+	if !bytes.Equal(icmp.Payload, uin.IPv4Header()) {
+		t.Errorf("ICMP quote %x, want %x", icmp.Payload, uin.IPv4Header())
+	}
+}
+
+func TestLocalBackendReplyToExternalClient(t *testing.T) {
+	f := newFixture(t)
+	svc := webService()
+	f.program(svc)
+	in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+	in.SrcPort = findClientPort(t, svc, in, 3) // the local pod
+	f.expectVerdict(f.run(in.Bytes(), f.nic0), xdpPass)
+	reply := packet.Frame{SrcMAC: localPodMAC, Src: localPod, Dst: clientAddr, Proto: packet.TCP, TTL: 64,
+		SrcPort: podPort, DstPort: in.SrcPort, Flags: packet.SYN | packet.ACK}
+	verdict, raw := f.runTC(f.dp.PodProgram(), reply.Bytes(), f.pod0)
+	if verdict != tcActRedirect {
+		t.Fatalf("verdict %d", int32(verdict))
+	}
+	out := decode(t, raw)
+	if out.Src != nodeAddr || out.SrcPort != nodePort || out.Dst != clientAddr || out.DstPort != in.SrcPort {
+		t.Fatalf("reply %s:%d -> %s:%d, want it from the NodePort", out.Src, out.SrcPort, out.Dst, out.DstPort)
+	}
+}
+
+func TestNICTranslatesOptionsAndFragments(t *testing.T) {
+	f := newFixture(t)
+	f.program(udpService())
+	opts := udpFrame(clientAddr, 6001, nodeAddr, 30053, "with options")
+	opts.IPOptions = []byte{0x01, 0x01, 0x01, 0x00} // NOPs and end of list
+	f.expectVerdict(f.run(opts.Bytes(), f.nic0), xdpPass) // XDP leaves it
+	verdict, raw := f.runTC(f.dp.TCProgram(), opts.Bytes(), f.nic0)
+	if verdict != tcActRedirect {
+		t.Fatalf("options: verdict %d", int32(verdict))
+	}
+	out := decode(t, raw)
+	if out.Dst.String()[:8] != "10.244.1" || out.DstPort != 53 || !bytes.Equal(out.IPOptions, opts.IPOptions) {
+		t.Fatalf("options: %s:%d options %x", out.Dst, out.DstPort, out.IPOptions)
+	}
+
+	// A datagram in two fragments: both go to the same backend.
+	first := udpFrame(clientAddr, 6002, nodeAddr, 30053, "")
+	first.ID, first.MoreFrags = 4242, true
+	first.Payload = make([]byte, 24)
+	// The UDP length and checksum cover the whole datagram: build it
+	// whole, then cut it.
+	whole := udpFrame(clientAddr, 6002, nodeAddr, 30053, string(make([]byte, 40)))
+	whole.ID = 4242
+	wholeBytes := whole.Bytes()
+	firstBytes := append([]byte(nil), wholeBytes[:14+20+8+24]...)
+	setFragment(firstBytes, true, 0)
+	second := append(append([]byte(nil), wholeBytes[:14+20]...), wholeBytes[14+20+8+24:]...)
+	setFragment(second, false, 4) // offset 32 bytes = 4 units
+
+	verdict, raw1 := f.runTC(f.dp.TCProgram(), firstBytes, f.nic0)
+	if verdict != tcActRedirect {
+		t.Fatalf("first fragment: verdict %d", int32(verdict))
+	}
+	f.expectCounters(map[string]uint64{"tc_fragment": 1, "tc_redirect": 1}, func() {
+		verdict, raw = f.runTC(f.dp.TCProgram(), second, f.nic0)
+	})
+	if verdict != tcActRedirect {
+		t.Fatalf("second fragment: verdict %d", int32(verdict))
+	}
+	d1, d2 := headerAddrs(raw1), headerAddrs(raw)
+	if d1 != d2 {
+		t.Fatalf("fragments translated differently: %v and %v", d1, d2)
+	}
+	if packet.Checksum(raw[14:34]) != 0 {
+		t.Error("second fragment's IP checksum is wrong")
+	}
+}
+
+// setFragment rewrites the fragment fields of a frame and its lengths.
+func setFragment(b []byte, more bool, offset uint16) {
+	ip := b[14:34]
+	v := offset
+	if more {
+		v |= 0x2000
+	}
+	ip[6], ip[7] = byte(v>>8), byte(v)
+	total := uint16(len(b) - 14)
+	ip[2], ip[3] = byte(total>>8), byte(total)
+	ip[10], ip[11] = 0, 0
+	c := packet.Checksum(ip)
+	ip[10], ip[11] = byte(c>>8), byte(c)
+}
+
+func headerAddrs(b []byte) [2]netip.Addr {
+	return [2]netip.Addr{netip.AddrFrom4([4]byte(b[26:30])), netip.AddrFrom4([4]byte(b[30:34]))}
+}
+
+func TestTCLeavesOtherTrafficAlone(t *testing.T) {
+	f := newFixture(t)
+	f.program(webService())
+	in := tcpFrame(podAddr, 1234, netip.MustParseAddr("8.8.8.8"), 443, packet.SYN, "")
+	for _, prog := range []struct {
+		name    string
+		ifindex int
+	}{{"pod", f.pod0}, {"nic", f.nic0}} {
+		p := f.dp.PodProgram()
+		if prog.name == "nic" {
+			p = f.dp.TCProgram()
+		}
+		verdict, raw := f.runTC(p, in.Bytes(), prog.ifindex)
+		if verdict != tcActUnspec || !bytes.Equal(raw, in.Bytes()) {
+			t.Errorf("%s program: verdict %d, changed=%v; want untouched, next program", prog.name, int32(verdict), !bytes.Equal(raw, in.Bytes()))
+		}
+	}
+}
