@@ -43,6 +43,12 @@ type Agent struct {
 	trigger chan struct{}
 	pending atomic.Int64
 
+	// model keeps each Service's computed ports between syncs; needFull
+	// asks the next sync to apply everything (first sync, after an error,
+	// and periodically to repair drift).
+	model    *model.Incremental
+	needFull bool
+
 	started      time.Time
 	syncs        uint64
 	lastTrigger  map[string]time.Time // service port key -> last-change-trigger-time observed
@@ -58,6 +64,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		started:      time.Now(),
 		lastTrigger:  map[string]time.Time{},
 		seenProblems: map[string]bool{},
+		model:        model.NewIncremental(),
+		needFull:     true,
 	}
 	src, err := a.newSource()
 	if err != nil {
@@ -206,6 +214,7 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 			return
 		case <-a.trigger:
 		case <-periodic.C:
+			a.needFull = true
 		case <-wake:
 		}
 		if wait := a.cfg.MinSyncPeriod - time.Since(lastSync); wait > 0 {
@@ -245,14 +254,19 @@ func (a *Agent) sync(ctx context.Context) error {
 	pending := a.pending.Swap(0)
 	snap := a.src.Snapshot()
 	node := model.NodeInfo{Name: a.cfg.NodeName, Addresses: a.nodeAddresses(snap), ProxyName: a.cfg.ProxyName}
-	state, problems := model.Compute(model.Input{Services: snap.Services, Slices: snap.Slices, Node: node})
+	state, problems, changed := a.model.Update(model.Input{Services: snap.Services, Slices: snap.Slices, Node: node})
 	state = a.filterNodePorts(state, &problems)
+	if a.needFull {
+		changed = nil
+	}
 
-	res, err := a.rec.Apply(ctx, state)
+	res, err := a.rec.Apply(ctx, state, changed)
 	if err != nil {
 		a.pending.Add(pending)
+		a.needFull = true
 		return err
 	}
+	a.needFull = false
 	elapsed := time.Since(start)
 	a.metrics.SyncDuration.Observe(elapsed.Seconds())
 	if res.MaglevBuilds > 0 {

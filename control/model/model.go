@@ -84,6 +84,9 @@ type computer struct {
 	nodeAddrs []netip.Addr
 	ports     []port
 	problems  []Problem
+	// lost holds the keys of service ports that lost a frontend to
+	// another Service in resolveConflicts.
+	lost map[string]bool
 }
 
 // port is a service port being built, with what conflict resolution needs.
@@ -465,6 +468,12 @@ func (c *computer) resolveConflicts() {
 	for i := range c.ports {
 		p := &c.ports[i]
 		lost := losses[i]
+		if len(lost) > 0 {
+			if c.lost == nil {
+				c.lost = map[string]bool{}
+			}
+			c.lost[p.Key()] = true
+		}
 		p.Frontends = slices.DeleteFunc(p.Frontends, func(f Frontend) bool {
 			return slices.ContainsFunc(lost, func(l loss) bool { return l.frontend == f })
 		})

@@ -49,8 +49,13 @@ func (c *buildCache) build(members []maglev.Backend, size uint32, seed uint64) (
 	return perm, false, nil
 }
 
-// sweep drops entries no table used since the last sweep.
-func (c *buildCache) sweep() {
+// sweep drops, after a full Apply (when every table was computed), the
+// entries no table used since the previous full sweep. Incremental Applies
+// only mark entries used.
+func (c *buildCache) sweep(full bool) {
+	if !full {
+		return
+	}
 	for k, e := range c.entries {
 		if !e.used {
 			delete(c.entries, k)

@@ -57,6 +57,18 @@ const (
 	localSet
 )
 
+// portRecord is what one service port puts into the maps.
+type portRecord struct {
+	id        uint32
+	frontends map[dataplane.FrontendKey]dataplane.Frontend
+	tables    map[uint32][]uint32
+	ranges    []dataplane.SourceRange
+	// backends is this port's view of its endpoints; a backend several
+	// ports share is merged from all views.
+	backends map[netip.AddrPort]dataplane.Backend
+	problems []string
+}
+
 // Reconciler owns the datapath maps' contents. It is not safe for
 // concurrent use: one sync loop calls Apply.
 type Reconciler struct {
@@ -64,19 +76,22 @@ type Reconciler struct {
 	cfg Config
 	log *slog.Logger
 
-	svcIDs     map[string]uint32 // service port key -> id
+	// Per service port: what it wants (applied, or about to be).
+	ports map[string]*portRecord
+	// Backends: the users (service port keys) of each address:port,
+	// and ids and values as written.
+	users      map[netip.AddrPort]map[string]bool
 	backendIDs map[netip.AddrPort]uint32
 	backends   map[uint32]dataplane.Backend
-	tables     map[uint32][]uint32 // table id -> slots as written
-	frontends  map[dataplane.FrontendKey]dataplane.Frontend
-	ranges     map[dataplane.SourceRange]bool
+	// The other maps as written.
+	tables    map[uint32][]uint32 // nil slots: pinned by an earlier agent, content unknown
+	frontends map[dataplane.FrontendKey]dataplane.Frontend
+	ranges    map[dataplane.SourceRange]bool
+	usedIDs   map[uint32]bool // service port ids in use
 
 	// adopted are frontends found pinned at start, used once to give
 	// service ports their old ids back.
 	adopted map[dataplane.FrontendKey]dataplane.Frontend
-	// tablesKnown is false until the pinned tables are known to match
-	// what this reconciler wrote; until then every table is rewritten.
-	tablesKnown bool
 
 	cache *buildCache
 }
@@ -91,10 +106,12 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	}
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
-		svcIDs:     map[string]uint32{},
+		ports:      map[string]*portRecord{},
+		users:      map[netip.AddrPort]map[string]bool{},
 		backendIDs: map[netip.AddrPort]uint32{},
 		tables:     map[uint32][]uint32{},
 		ranges:     map[dataplane.SourceRange]bool{},
+		usedIDs:    map[uint32]bool{},
 		cache:      newBuildCache(),
 	}
 	var err error
@@ -120,7 +137,7 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 		return nil, fmt.Errorf("adopt tables: %w", err)
 	}
 	for _, id := range ids {
-		r.tables[id] = nil // content unknown: rewritten on first Apply
+		r.tables[id] = nil // content unknown: rewritten on the first Apply
 	}
 	log.Info("adopted pinned datapath state", "backends", len(r.backends),
 		"frontends", len(r.frontends), "tables", len(ids), "source_ranges", len(ranges))
@@ -132,277 +149,408 @@ func tableID(svcID uint32, set tableSet) uint32 {
 	return svcID*2 - 1 + uint32(set)
 }
 
-// desired is the datapath content for one model state.
-type desired struct {
-	backends  map[netip.AddrPort]dataplane.Backend
-	tables    map[uint32][]uint32
-	frontends map[dataplane.FrontendKey]dataplane.Frontend
-	ranges    map[dataplane.SourceRange]bool
-	svcIDs    map[string]uint32
-}
-
-// Apply makes the maps hold st. Problems with single service ports are
-// reported in the result and do not stop the others; an error means the
-// maps could not be written and the next Apply should try again.
-func (r *Reconciler) Apply(ctx context.Context, st model.State) (Result, error) {
+// Apply makes the maps hold st. changed names the service ports (keys)
+// that may differ from the previous Apply; nil means all of them, which the
+// first Apply must use: it also removes whatever an earlier agent left
+// that st does not want. Problems with single service ports are reported
+// in the result and do not stop the others; an error means the maps could
+// not be written, and the next Apply (with the same changes) tries again.
+func (r *Reconciler) Apply(ctx context.Context, st model.State, changed map[string]bool) (Result, error) {
 	var res Result
-	want, err := r.desire(st, &res)
-	if err != nil {
-		return res, err
+	full := changed == nil
+	byKey := make(map[string]*model.Service, len(st.Services))
+	for i := range st.Services {
+		byKey[st.Services[i].Key()] = &st.Services[i]
+	}
+	var keys []string
+	if full {
+		keys = make([]string, 0, len(byKey)+len(r.ports))
+		for k := range byKey {
+			keys = append(keys, k)
+		}
+		for k := range r.ports {
+			if byKey[k] == nil {
+				keys = append(keys, k)
+			}
+		}
+	} else {
+		for k := range changed {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys) // deterministic id allocation
+
+	// Compute the new records of the changed ports.
+	next := make(map[string]*portRecord, len(keys))
+	for _, k := range keys {
+		if svc := byKey[k]; svc != nil {
+			next[k] = r.record(svc, &res)
+		} else {
+			next[k] = nil
+		}
 	}
 	if err := ctx.Err(); err != nil {
+		r.release(next)
 		return res, err
 	}
 
+	// What moves: backends used by old or new records, frontends, tables
+	// and ranges of the changed ports.
+	touched := map[netip.AddrPort]bool{}
+	for k, rec := range next {
+		if old := r.ports[k]; old != nil {
+			for ap := range old.backends {
+				touched[ap] = true
+				delete(r.users[ap], k)
+			}
+		}
+		if rec != nil {
+			for ap := range rec.backends {
+				touched[ap] = true
+				if r.users[ap] == nil {
+					r.users[ap] = map[string]bool{}
+				}
+				r.users[ap][k] = true
+			}
+		}
+	}
+	oldPorts := make(map[string]*portRecord, len(next))
+	for k, rec := range next {
+		oldPorts[k] = r.ports[k]
+		if rec == nil {
+			delete(r.ports, k)
+		} else {
+			r.ports[k] = rec
+		}
+	}
+
+	err := r.write(touched, next, oldPorts, full, &res)
+	for _, rec := range next {
+		if rec != nil {
+			res.Problems = append(res.Problems, rec.problems...)
+		}
+	}
+	r.adopted = nil
+	r.cache.sweep(full)
+	return res, err
+}
+
+// write applies the changes in the safe order: backends, tables, ranges,
+// frontends; then deletions in reverse.
+func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string]*portRecord, full bool, res *Result) error {
 	// 1. Backends that are new or changed.
-	for ap, b := range want.backends {
+	var gone []netip.AddrPort
+	for ap := range touched {
+		b, used := r.merged(ap)
+		if !used {
+			gone = append(gone, ap)
+			continue
+		}
 		id := r.backendIDs[ap]
-		if old, ok := r.backends[id]; ok && old == b {
+		if cur, ok := r.backends[id]; ok && cur == b {
 			continue
 		}
 		if err := r.dp.PutBackend(id, b); err != nil {
-			return res, err
+			return err
 		}
 		r.backends[id] = b
 		res.BackendsAdded++
 	}
 	// 2. Tables, each swapped in whole.
-	for id, slots := range want.tables {
-		if old, ok := r.tables[id]; ok && old != nil && slices.Equal(old, slots) {
+	for _, rec := range next {
+		if rec == nil {
 			continue
 		}
-		if err := r.dp.PutTable(id, slots); err != nil {
-			return res, err
+		for id, slots := range rec.tables {
+			if cur, ok := r.tables[id]; ok && cur != nil && slices.Equal(cur, slots) {
+				continue
+			}
+			if err := r.dp.PutTable(id, slots); err != nil {
+				return err
+			}
+			r.tables[id] = slots
+			res.TablesWritten++
 		}
-		r.tables[id] = slots
-		res.TablesWritten++
 	}
 	// 3. Source ranges, then frontends.
-	for sr := range want.ranges {
-		if r.ranges[sr] {
+	wantRanges := map[dataplane.SourceRange]bool{}
+	wantFrontends := map[dataplane.FrontendKey]bool{}
+	for _, rec := range next {
+		if rec == nil {
 			continue
 		}
-		if err := r.dp.PutSourceRange(sr.SvcID, sr.Prefix); err != nil {
-			return res, err
+		for _, sr := range rec.ranges {
+			wantRanges[sr] = true
+			if r.ranges[sr] {
+				continue
+			}
+			if err := r.dp.PutSourceRange(sr.SvcID, sr.Prefix); err != nil {
+				return err
+			}
+			r.ranges[sr] = true
 		}
-		r.ranges[sr] = true
-	}
-	for k, v := range want.frontends {
-		if old, ok := r.frontends[k]; ok && old == v {
-			continue
+		for k, v := range rec.frontends {
+			wantFrontends[k] = true
+			if cur, ok := r.frontends[k]; ok && cur == v {
+				continue
+			}
+			if err := r.dp.PutFrontend(k, v); err != nil {
+				return err
+			}
+			r.frontends[k] = v
+			res.FrontendsWritten++
 		}
-		if err := r.dp.PutFrontend(k, v); err != nil {
-			return res, err
-		}
-		r.frontends[k] = v
-		res.FrontendsWritten++
 	}
 
-	// Deletions, in reverse order.
-	for k := range r.frontends {
-		if _, ok := want.frontends[k]; ok {
+	// Deletions: what the changed ports had and no longer have (or, on a
+	// full Apply, whatever no port wants).
+	var dropFrontends []dataplane.FrontendKey
+	var dropRanges []dataplane.SourceRange
+	var dropTables []uint32
+	if full {
+		all := r.wanted()
+		for k := range r.frontends {
+			if !all.frontends[k] {
+				dropFrontends = append(dropFrontends, k)
+			}
+		}
+		for sr := range r.ranges {
+			if !all.ranges[sr] {
+				dropRanges = append(dropRanges, sr)
+			}
+		}
+		for id := range r.tables {
+			if !all.tables[id] {
+				dropTables = append(dropTables, id)
+			}
+		}
+		for ap := range r.backendIDs {
+			if _, used := r.merged(ap); !used && !touched[ap] {
+				gone = append(gone, ap)
+			}
+		}
+	} else {
+		for _, rec := range old {
+			if rec == nil {
+				continue
+			}
+			for k := range rec.frontends {
+				if !wantFrontends[k] && r.owner(k) == "" {
+					dropFrontends = append(dropFrontends, k)
+				}
+			}
+			for _, sr := range rec.ranges {
+				if !wantRanges[sr] {
+					dropRanges = append(dropRanges, sr)
+				}
+			}
+			for id := range rec.tables {
+				if !r.tableWanted(id, next) {
+					dropTables = append(dropTables, id)
+				}
+			}
+		}
+	}
+	for _, k := range dropFrontends {
+		if _, ok := r.frontends[k]; !ok {
 			continue
 		}
 		if err := r.dp.DeleteFrontend(k); err != nil {
-			return res, err
+			return err
 		}
 		delete(r.frontends, k)
 		res.FrontendsRemoved++
 	}
 	if res.FrontendsRemoved > 0 {
 		if err := r.dp.SyncFrontendPorts(); err != nil {
-			return res, err
+			return err
 		}
 	}
-	for sr := range r.ranges {
-		if want.ranges[sr] {
+	for _, sr := range dropRanges {
+		if !r.ranges[sr] {
 			continue
 		}
 		if err := r.dp.DeleteSourceRange(sr.SvcID, sr.Prefix); err != nil {
-			return res, err
+			return err
 		}
 		delete(r.ranges, sr)
 	}
-	for id := range r.tables {
-		if _, ok := want.tables[id]; ok {
+	for _, id := range dropTables {
+		if _, ok := r.tables[id]; !ok {
 			continue
 		}
 		if err := r.dp.DeleteTable(id); err != nil {
-			return res, err
+			return err
 		}
 		delete(r.tables, id)
 		res.TablesRemoved++
 	}
-	for id, b := range r.backends {
-		ap := netip.AddrPortFrom(b.Addr, b.Port)
-		if _, ok := want.backends[ap]; ok {
+	for _, ap := range gone {
+		id, ok := r.backendIDs[ap]
+		if !ok {
 			continue
 		}
 		if err := r.dp.DeleteBackend(id); err != nil {
-			return res, err
+			return err
 		}
 		if res.RemovedBackends == nil {
 			res.RemovedBackends = map[uint32]dataplane.Backend{}
 		}
-		res.RemovedBackends[id] = b
+		if b, ok := r.backends[id]; ok {
+			res.RemovedBackends[id] = b
+		}
 		delete(r.backends, id)
 		delete(r.backendIDs, ap)
+		delete(r.users, ap)
 		res.BackendsRemoved++
 	}
-	// Service ids of service ports that are gone become free.
-	for key, id := range r.svcIDs {
-		if _, ok := want.svcIDs[key]; !ok {
-			delete(r.svcIDs, key)
-			if err := r.dp.DeleteServiceName(id); err != nil {
-				return res, err
+	// Ids and names of ports that are gone.
+	for k, rec := range old {
+		if rec != nil && (next[k] == nil || next[k].id != rec.id) {
+			delete(r.usedIDs, rec.id)
+			if err := r.dp.DeleteServiceName(rec.id); err != nil {
+				return err
 			}
 		}
 	}
-	r.adopted = nil
-	r.tablesKnown = true
-	r.cache.sweep()
-	return res, nil
-}
-
-// desire computes the datapath content for st, allocating ids as needed.
-func (r *Reconciler) desire(st model.State, res *Result) (*desired, error) {
-	want := &desired{
-		backends:  map[netip.AddrPort]dataplane.Backend{},
-		tables:    map[uint32][]uint32{},
-		frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
-		ranges:    map[dataplane.SourceRange]bool{},
-		svcIDs:    map[string]uint32{},
-	}
-
-	// Every endpoint of every service port is a backend, also those not in
-	// any set (terminating, not ready): their tracked flows keep working
-	// until the endpoint leaves its EndpointSlice.
-	for i := range st.Services {
-		for _, e := range st.Services[i].Endpoints {
-			ap := netip.AddrPortFrom(e.Addr, e.Port)
-			b := dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
-				Terminating: e.Terminating || !e.Serving}
-			if old, ok := want.backends[ap]; ok {
-				// Listed by several services: local if any says so,
-				// terminating only if all do.
-				b.Local = b.Local || old.Local
-				b.Terminating = b.Terminating && old.Terminating
-			}
-			want.backends[ap] = b
+	if full {
+		// Names an earlier agent left for ids no port has now.
+		names, err := r.dp.ServiceNames()
+		if err != nil {
+			return err
 		}
-	}
-	if err := r.allocateBackendIDs(want.backends, res); err != nil {
-		return nil, err
-	}
-
-	r.allocateServiceIDs(st, want, res)
-	for i := range st.Services {
-		svc := &st.Services[i]
-		id, ok := want.svcIDs[svc.Key()]
-		if !ok {
-			continue
-		}
-		r.desireService(svc, id, want, res)
-	}
-	return want, nil
-}
-
-// allocateBackendIDs gives every new backend the lowest free id.
-func (r *Reconciler) allocateBackendIDs(want map[netip.AddrPort]dataplane.Backend, res *Result) error {
-	var fresh []netip.AddrPort
-	for ap := range want {
-		if _, ok := r.backendIDs[ap]; !ok {
-			fresh = append(fresh, ap)
-		}
-	}
-	if len(fresh) == 0 {
-		return nil
-	}
-	slices.SortFunc(fresh, func(a, b netip.AddrPort) int { return a.Compare(b) })
-	used := make(map[uint32]bool, len(r.backends))
-	for id := range r.backends {
-		used[id] = true
-	}
-	next := uint32(1)
-	for _, ap := range fresh {
-		for next < r.cfg.BackendsMax && used[next] {
-			next++
-		}
-		if next >= r.cfg.BackendsMax {
-			res.Problems = append(res.Problems, fmt.Sprintf(
-				"backend %s not programmed: all %d backend ids in use (raise --backends-max)", ap, r.cfg.BackendsMax-1))
-			delete(want, ap)
-			continue
-		}
-		r.backendIDs[ap] = next
-		used[next] = true
-	}
-	return nil
-}
-
-// allocateServiceIDs keeps every known service port's id, gives adopted
-// ones the id their pinned frontends carry, and new ones the lowest free.
-func (r *Reconciler) allocateServiceIDs(st model.State, want *desired, res *Result) {
-	used := map[uint32]bool{}
-	for i := range st.Services {
-		key := st.Services[i].Key()
-		if id, ok := r.svcIDs[key]; ok {
-			want.svcIDs[key] = id
-			used[id] = true
-		}
-	}
-	if r.adopted != nil {
-		for i := range st.Services {
-			svc := &st.Services[i]
-			if _, ok := want.svcIDs[svc.Key()]; ok {
-				continue
-			}
-			for _, f := range svc.Frontends {
-				fe, ok := r.adopted[frontendKey(f)]
-				if ok && fe.SvcID != 0 && fe.SvcID < r.cfg.ServicesMax && !used[fe.SvcID] {
-					want.svcIDs[svc.Key()] = fe.SvcID
-					used[fe.SvcID] = true
-					break
+		for id := range names {
+			if !r.usedIDs[id] {
+				if err := r.dp.DeleteServiceName(id); err != nil {
+					return err
 				}
 			}
 		}
 	}
-	next := uint32(1)
-	for i := range st.Services {
-		svc := &st.Services[i]
-		if _, ok := want.svcIDs[svc.Key()]; ok {
+	return nil
+}
+
+// merged is the value of a backend from all its users: local if any says
+// so, terminating only if all do. used is false when no port uses it.
+func (r *Reconciler) merged(ap netip.AddrPort) (dataplane.Backend, bool) {
+	var out dataplane.Backend
+	first := true
+	for k := range r.users[ap] {
+		rec := r.ports[k]
+		if rec == nil {
 			continue
 		}
-		for next < r.cfg.ServicesMax && used[next] {
-			next++
-		}
-		if next >= r.cfg.ServicesMax {
-			res.Problems = append(res.Problems, fmt.Sprintf(
-				"service port %s not programmed: all %d service ids in use (raise --services-max)", svc.Key(), r.cfg.ServicesMax-1))
+		b, ok := rec.backends[ap]
+		if !ok {
 			continue
 		}
-		want.svcIDs[svc.Key()] = next
-		used[next] = true
-		if err := r.dp.ResetServiceCounters(next); err != nil {
-			res.Problems = append(res.Problems, err.Error())
+		if first {
+			out, first = b, false
+			continue
 		}
+		out.Local = out.Local || b.Local
+		out.Terminating = out.Terminating && b.Terminating
 	}
-	for key, id := range want.svcIDs {
-		if r.svcIDs[key] != id {
-			if err := r.dp.PutServiceName(id, key); err != nil {
-				res.Problems = append(res.Problems, err.Error())
+	return out, !first
+}
+
+// owner returns the port whose record holds frontend k, "" if none.
+func (r *Reconciler) owner(k dataplane.FrontendKey) string {
+	if v, ok := r.frontends[k]; ok {
+		for key, rec := range r.ports {
+			if rec.id == v.SvcID {
+				if _, has := rec.frontends[k]; has {
+					return key
+				}
 			}
 		}
-		r.svcIDs[key] = id
+	}
+	return ""
+}
+
+func (r *Reconciler) tableWanted(id uint32, next map[string]*portRecord) bool {
+	for _, rec := range next {
+		if rec != nil {
+			if _, ok := rec.tables[id]; ok {
+				return true
+			}
+		}
+	}
+	// Tables are per service port id; an unchanged port keeps its own.
+	for _, rec := range r.ports {
+		if _, ok := rec.tables[id]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+type wantedSet struct {
+	frontends map[dataplane.FrontendKey]bool
+	ranges    map[dataplane.SourceRange]bool
+	tables    map[uint32]bool
+}
+
+func (r *Reconciler) wanted() wantedSet {
+	w := wantedSet{map[dataplane.FrontendKey]bool{}, map[dataplane.SourceRange]bool{}, map[uint32]bool{}}
+	for _, rec := range r.ports {
+		for k := range rec.frontends {
+			w.frontends[k] = true
+		}
+		for _, sr := range rec.ranges {
+			w.ranges[sr] = true
+		}
+		for id := range rec.tables {
+			w.tables[id] = true
+		}
+	}
+	return w
+}
+
+// release returns ids allocated for records that will not be applied.
+func (r *Reconciler) release(next map[string]*portRecord) {
+	for k, rec := range next {
+		if rec != nil && (r.ports[k] == nil || r.ports[k].id != rec.id) {
+			delete(r.usedIDs, rec.id)
+		}
 	}
 }
 
-func frontendKey(f model.Frontend) dataplane.FrontendKey {
-	return dataplane.FrontendKey{Addr: f.Addr, Port: f.Port, Proto: uint8(f.Protocol)}
-}
+// record computes what one service port puts into the maps, allocating a
+// service id and backend ids as needed.
+func (r *Reconciler) record(svc *model.Service, res *Result) *portRecord {
+	key := svc.Key()
+	rec := &portRecord{
+		frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
+		tables:    map[uint32][]uint32{},
+		backends:  map[netip.AddrPort]dataplane.Backend{},
+	}
+	id, ok := r.serviceID(key, svc)
+	if !ok {
+		rec.problems = append(rec.problems, fmt.Sprintf(
+			"service port %s not programmed: all %d service ids in use (raise --services-max)", key, r.cfg.ServicesMax-1))
+		return rec
+	}
+	rec.id = id
 
-// desireService adds one service port's tables, frontends and ranges.
-func (r *Reconciler) desireService(svc *model.Service, id uint32, want *desired, res *Result) {
+	// Every endpoint is a backend, also those in no set (terminating, not
+	// ready): their tracked flows keep working until the endpoint leaves
+	// its EndpointSlice.
+	for _, e := range svc.Endpoints {
+		ap := netip.AddrPortFrom(e.Addr, e.Port)
+		if _, ok := r.backendIDs[ap]; !ok {
+			bid, ok := r.allocateBackendID()
+			if !ok {
+				rec.problems = append(rec.problems, fmt.Sprintf(
+					"backend %s of %s not programmed: all %d backend ids in use (raise --backends-max)", ap, key, r.cfg.BackendsMax-1))
+				continue
+			}
+			r.backendIDs[ap] = bid
+		}
+		rec.backends[ap] = dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
+			Terminating: e.Terminating || !e.Serving}
+	}
+
 	var tableOf [2]uint32 // per set: table id, 0 if empty
 	var built [2]bool
 	table := func(set tableSet) uint32 {
@@ -414,10 +562,10 @@ func (r *Reconciler) desireService(svc *model.Service, id uint32, want *desired,
 			}
 			slots, err := r.table(eps, res)
 			if err != nil {
-				res.Problems = append(res.Problems, fmt.Sprintf("service port %s: %v", svc.Key(), err))
+				rec.problems = append(rec.problems, fmt.Sprintf("service port %s: %v", key, err))
 			} else if len(slots) > 0 {
 				tableOf[set] = tableID(id, set)
-				want.tables[tableOf[set]] = slots
+				rec.tables[tableOf[set]] = slots
 			}
 		}
 		return tableOf[set]
@@ -453,13 +601,81 @@ func (r *Reconciler) desireService(svc *model.Service, id uint32, want *desired,
 		if svc.AffinityTimeout > 0 {
 			v.AffinityTimeout = uint32(max(1, svc.AffinityTimeout/time.Second))
 		}
-		want.frontends[frontendKey(f)] = v
+		rec.frontends[frontendKey(f)] = v
 	}
 	if svc.SourceRangesSet {
 		for _, p := range svc.SourceRanges {
-			want.ranges[dataplane.SourceRange{SvcID: id, Prefix: p.Masked()}] = true
+			rec.ranges = append(rec.ranges, dataplane.SourceRange{SvcID: id, Prefix: p.Masked()})
 		}
 	}
+	return rec
+}
+
+// serviceID returns the port's id: its current one, the one its pinned
+// frontends carry (after a restart), or the lowest free one.
+func (r *Reconciler) serviceID(key string, svc *model.Service) (uint32, bool) {
+	if rec := r.ports[key]; rec != nil && rec.id != 0 {
+		return rec.id, true
+	}
+	if r.adopted != nil {
+		for _, f := range svc.Frontends {
+			fe, ok := r.adopted[frontendKey(f)]
+			if ok && fe.SvcID != 0 && fe.SvcID < r.cfg.ServicesMax && !r.usedIDs[fe.SvcID] {
+				r.usedIDs[fe.SvcID] = true
+				r.nameService(fe.SvcID, key)
+				return fe.SvcID, true
+			}
+		}
+	}
+	for id := uint32(1); id < r.cfg.ServicesMax; id++ {
+		if !r.usedIDs[id] && !r.adoptedID(id) {
+			r.usedIDs[id] = true
+			if err := r.dp.ResetServiceCounters(id); err != nil {
+				r.log.Warn("reset service counters", "id", id, "error", err)
+			}
+			r.nameService(id, key)
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// adoptedID reports whether a pinned frontend still carries id, so a new
+// port does not take the id its old owner will claim in the same Apply.
+func (r *Reconciler) adoptedID(id uint32) bool {
+	if r.adopted == nil {
+		return false
+	}
+	for _, fe := range r.adopted {
+		if fe.SvcID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Reconciler) nameService(id uint32, key string) {
+	if err := r.dp.PutServiceName(id, key); err != nil {
+		r.log.Warn("name service port", "id", id, "key", key, "error", err)
+	}
+}
+
+// allocateBackendID returns the lowest free backend id.
+func (r *Reconciler) allocateBackendID() (uint32, bool) {
+	used := make(map[uint32]bool, len(r.backendIDs))
+	for _, id := range r.backendIDs {
+		used[id] = true
+	}
+	for id := uint32(1); id < r.cfg.BackendsMax; id++ {
+		if !used[id] {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+func frontendKey(f model.Frontend) dataplane.FrontendKey {
+	return dataplane.FrontendKey{Addr: f.Addr, Port: f.Port, Proto: uint8(f.Protocol)}
 }
 
 // table computes the slots (backend ids) of a Maglev table over eps.

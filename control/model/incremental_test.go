@@ -1,0 +1,92 @@
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+func incService(name, rv, clusterIP string, nodePort int32) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, ResourceVersion: rv, UID: types.UID("uid-" + name)},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeNodePort, ClusterIP: clusterIP, ClusterIPs: []string{clusterIP},
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80,
+				TargetPort: intstr.FromInt32(8080), NodePort: nodePort}},
+		},
+	}
+}
+
+func incSlice(svc, rv string, addrs ...string) *discoveryv1.EndpointSlice {
+	name, port, proto := "http", int32(8080), corev1.ProtocolTCP
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: svc + "-1", ResourceVersion: rv,
+			Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
+	}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}})
+	}
+	return s
+}
+
+// TestIncrementalMatchesCompute applies a sequence of changes and checks,
+// after each, that Incremental gives exactly what Compute gives and that
+// only the touched service ports are reported as changed.
+func TestIncrementalMatchesCompute(t *testing.T) {
+	node := NodeInfo{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}
+	svcs := map[string]*corev1.Service{}
+	slices := map[string]*discoveryv1.EndpointSlice{}
+	for i := 0; i < 5; i++ {
+		name := fmt.Sprintf("s%d", i)
+		svcs[name] = incService(name, "1", fmt.Sprintf("10.96.0.%d", i+1), int32(30000+i))
+		slices[name] = incSlice(name, "1", fmt.Sprintf("10.244.0.%d", i+1))
+	}
+	inc := NewIncremental()
+	steps := []struct {
+		name    string
+		change  func()
+		changed []string
+	}{
+		{"first", func() {}, []string{"ns/s0:http/TCP", "ns/s1:http/TCP", "ns/s2:http/TCP", "ns/s3:http/TCP", "ns/s4:http/TCP"}},
+		{"nothing", func() {}, nil},
+		{"endpoints of s1", func() { slices["s1"] = incSlice("s1", "2", "10.244.0.1", "10.244.0.9") }, []string{"ns/s1:http/TCP"}},
+		{"s2 deleted", func() { delete(svcs, "s2"); delete(slices, "s2") }, []string{"ns/s2:http/TCP"}},
+		{"s3 takes s4's node port", func() { svcs["s3"] = incService("s3", "2", "10.96.0.4", 30004) },
+			[]string{"ns/s3:http/TCP", "ns/s4:http/TCP"}},
+		{"s3 gives it back", func() { svcs["s3"] = incService("s3", "3", "10.96.0.4", 30003) },
+			[]string{"ns/s3:http/TCP", "ns/s4:http/TCP"}},
+		{"node address", func() { node.Addresses = append(node.Addresses, netip.MustParseAddr("192.0.2.2")) },
+			[]string{"ns/s0:http/TCP", "ns/s1:http/TCP", "ns/s3:http/TCP", "ns/s4:http/TCP"}},
+	}
+	for _, st := range steps {
+		st.change()
+		in := Input{Node: node}
+		for _, s := range svcs {
+			in.Services = append(in.Services, s)
+		}
+		for _, s := range slices {
+			in.Slices = append(in.Slices, s)
+		}
+		want, _ := Compute(in)
+		got, _, changed := inc.Update(in)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: incremental state differs from Compute:\n got %+v\nwant %+v", st.name, got, want)
+		}
+		wantChanged := map[string]bool{}
+		for _, k := range st.changed {
+			wantChanged[k] = true
+		}
+		if !reflect.DeepEqual(changed, wantChanged) && !(len(changed) == 0 && len(wantChanged) == 0) {
+			t.Errorf("%s: changed %v, want %v", st.name, changed, wantChanged)
+		}
+	}
+}
