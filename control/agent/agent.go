@@ -49,6 +49,10 @@ type Agent struct {
 	model    *model.Incremental
 	needFull bool
 
+	// synced, when set (by tests and benchmarks), is told after every
+	// successful sync which service ports it applied (nil: all).
+	synced func(changed map[string]bool)
+
 	started      time.Time
 	syncs        uint64
 	lastTrigger  map[string]time.Time // service port key -> last-change-trigger-time observed
@@ -58,21 +62,10 @@ type Agent struct {
 // Start loads and attaches the datapath and connects to the source. On
 // error nothing that this call attached stays attached.
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
-	a := &Agent{
-		cfg: cfg, log: log,
-		trigger:      make(chan struct{}, 1),
-		started:      time.Now(),
-		lastTrigger:  map[string]time.Time{},
-		seenProblems: map[string]bool{},
-		model:        model.NewIncremental(),
-		needFull:     true,
-	}
-	src, err := a.newSource()
+	src, err := newSource(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	a.src = src
-
 	if err := reserveSNATPorts(cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
 		return nil, err
 	}
@@ -80,9 +73,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.dp = dp
-	a.plane = dataplane.New(&dp.Maps)
-	if err := a.attach(); err != nil {
+	if err := attach(dp, cfg, log); err != nil {
 		dp.Close()
 		return nil, err
 	}
@@ -93,6 +84,27 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		}
 		log.Info("host sockets reach services", "cgroup", cfg.CgroupRoot)
 	}
+	a, err := assemble(cfg, log, src, dp)
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// assemble builds the agent around a loaded datapath and a source.
+func assemble(cfg Config, log *slog.Logger, src source.Source, dp *loader.Datapath) (*Agent, error) {
+	a := &Agent{
+		cfg: cfg, log: log, src: src, dp: dp,
+		plane:        dataplane.New(&dp.Maps),
+		trigger:      make(chan struct{}, 1),
+		started:      time.Now(),
+		lastTrigger:  map[string]time.Time{},
+		seenProblems: map[string]bool{},
+		model:        model.NewIncremental(),
+		needFull:     true,
+	}
+	var err error
 	a.rec, err = reconcile.New(a.plane, reconcile.Config{
 		MaglevMaxSize: cfg.MaglevTableSize,
 		MaglevSeed:    cfg.MaglevSeed,
@@ -100,7 +112,6 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		BackendsMax:   cfg.Datapath.BackendsMax,
 	}, log)
 	if err != nil {
-		dp.Close()
 		return nil, err
 	}
 	a.tracker = health.NewTracker(cfg.HealthTimeout, cfg.NodeName, nil)
@@ -109,14 +120,14 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	return a, nil
 }
 
-func (a *Agent) newSource() (source.Source, error) {
-	if a.cfg.ServicesFile != "" {
-		return source.NewFile(a.cfg.ServicesFile, a.log, source.WithProxyName(a.cfg.ProxyName)), nil
+func newSource(cfg Config, log *slog.Logger) (source.Source, error) {
+	if cfg.ServicesFile != "" {
+		return source.NewFile(cfg.ServicesFile, log, source.WithProxyName(cfg.ProxyName)), nil
 	}
 	var restCfg *rest.Config
 	var err error
-	if a.cfg.Kubeconfig != "" {
-		restCfg, err = clientcmd.BuildConfigFromFlags("", a.cfg.Kubeconfig)
+	if cfg.Kubeconfig != "" {
+		restCfg, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
 	} else {
 		restCfg, err = rest.InClusterConfig()
 	}
@@ -129,19 +140,18 @@ func (a *Agent) newSource() (source.Source, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	return source.NewKubernetes(client, source.KubernetesOptions{
-		NodeName: a.cfg.NodeName, ProxyName: a.cfg.ProxyName, ResyncPeriod: 0,
-	}, a.log), nil
+		NodeName: cfg.NodeName, ProxyName: cfg.ProxyName, ResyncPeriod: 0,
+	}, log), nil
 }
 
-// attach attaches the datapath to every interface, rolling back the new
-// attachments if one fails.
-func (a *Agent) attach() error {
-	for _, ifname := range a.cfg.Interfaces {
-		att, err := a.dp.AttachNIC(ifname, a.cfg.XDPMode)
+// attach attaches the datapath to every interface.
+func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) error {
+	for _, ifname := range cfg.Interfaces {
+		att, err := dp.AttachNIC(ifname, cfg.XDPMode)
 		if err != nil {
 			return err
 		}
-		a.log.Info("datapath attached", "interface", att.Interface, "xdp_mode", att.Mode,
+		log.Info("datapath attached", "interface", att.Interface, "xdp_mode", att.Mode,
 			"tc", att.TCMode, "xdp_prog_id", att.XDPProgID, "tc_prog_id", att.TCProgID)
 	}
 	return nil
@@ -311,6 +321,9 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.syncHealthCheckNodePorts(state)
 
 	a.syncs++
+	if a.synced != nil {
+		a.synced(changed)
+	}
 	if err := a.plane.PutAgentState(dataplane.AgentState{
 		LastSync: time.Now(), Started: a.started, Syncs: a.syncs, PID: uint32(os.Getpid()),
 		ServicePorts: uint32(len(state.Services)), Problems: uint32(len(all)),

@@ -247,3 +247,58 @@ func (d *Dataplane) Backends() (map[uint32]Backend, error) {
 
 // BackendCapacity is the number of backend ids (including the reserved 0).
 func (d *Dataplane) BackendCapacity() uint32 { return d.m.Backends.MaxEntries() }
+
+// batchChunk bounds one batch syscall.
+const batchChunk = 4096
+
+// PutBackends writes many backends at once (batched).
+func (d *Dataplane) PutBackends(bes map[uint32]Backend) error {
+	keys := make([]uint32, 0, len(bes))
+	vals := make([]xdp.NicBackend, 0, len(bes))
+	for id, b := range bes {
+		if id == 0 || !b.Addr.Is4() {
+			return fmt.Errorf("backend %d (%s): invalid", id, b)
+		}
+		keys = append(keys, id)
+		vals = append(vals, b.raw())
+	}
+	for start := 0; start < len(keys); start += batchChunk {
+		end := min(start+batchChunk, len(keys))
+		if _, err := d.m.Backends.BatchUpdate(keys[start:end], vals[start:end], nil); err != nil {
+			return fmt.Errorf("write %d backends: %w", end-start, err)
+		}
+	}
+	return nil
+}
+
+// PutFrontends writes many frontends at once (batched), marking their
+// ports in the bitmap first.
+func (d *Dataplane) PutFrontends(fes map[FrontendKey]Frontend) error {
+	words := map[uint32]uint64{}
+	keys := make([]xdp.NicFrontendKey, 0, len(fes))
+	vals := make([]xdp.NicFrontend, 0, len(fes))
+	for k, v := range fes {
+		words[uint32(k.Port)/64] |= uint64(1) << (k.Port % 64)
+		keys = append(keys, k.raw())
+		vals = append(vals, xdp.NicFrontend{SvcId: v.SvcID, TableId: v.TableID, InternalTableId: v.InternalTableID,
+			AffinityTimeout: v.AffinityTimeout, Flags: v.Flags})
+	}
+	for word, bits := range words {
+		var have uint64
+		if err := d.m.FrontendPorts.Lookup(word, &have); err != nil {
+			return fmt.Errorf("read port bitmap: %w", err)
+		}
+		if have|bits != have {
+			if err := d.m.FrontendPorts.Put(word, have|bits); err != nil {
+				return fmt.Errorf("write port bitmap: %w", err)
+			}
+		}
+	}
+	for start := 0; start < len(keys); start += batchChunk {
+		end := min(start+batchChunk, len(keys))
+		if _, err := d.m.Frontends.BatchUpdate(keys[start:end], vals[start:end], nil); err != nil {
+			return fmt.Errorf("write %d frontends: %w", end-start, err)
+		}
+	}
+	return nil
+}

@@ -1,8 +1,10 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -25,34 +27,38 @@ func (d *Dataplane) PutTable(id uint32, slots []uint32) error {
 		KeySize:    4,
 		ValueSize:  4,
 		MaxEntries: uint32(len(slots)) + 1,
-		// Must match the outer map's template, which allows tables of
-		// different sizes.
-		Flags: unix.BPF_F_INNER_MAP,
+		// Must match the outer map's template: tables of any size,
+		// filled through a memory mapping.
+		Flags: unix.BPF_F_INNER_MAP | unix.BPF_F_MMAPABLE,
 	})
 	if err != nil {
 		return fmt.Errorf("table %d: create: %w", id, err)
 	}
 	defer inner.Close()
-
-	keys := make([]uint32, len(slots)+1)
-	values := make([]uint32, len(slots)+1)
-	for i := range keys {
-		keys[i] = uint32(i)
-	}
-	values[0] = uint32(len(slots))
-	copy(values[1:], slots)
-	if _, err := inner.BatchUpdate(keys, values, nil); err != nil {
-		// Older kernels: fall back to one update per slot.
-		for i := range keys {
-			if err := inner.Put(keys[i], values[i]); err != nil {
-				return fmt.Errorf("table %d: fill slot %d: %w", id, i, err)
-			}
-		}
+	if err := fillTable(inner, slots); err != nil {
+		return fmt.Errorf("table %d: fill: %w", id, err)
 	}
 	if err := d.m.MaglevTables.Put(id, inner); err != nil {
 		return fmt.Errorf("table %d: swap in: %w", id, err)
 	}
 	return nil
+}
+
+// fillTable writes slot 0 (the size) and the slots through a mapping of
+// the array: elements are 8 bytes apart (array values are 8-byte aligned).
+func fillTable(m *ebpf.Map, slots []uint32) error {
+	const stride = 8
+	size := (len(slots) + 1) * stride
+	page := os.Getpagesize()
+	buf, err := unix.Mmap(m.FD(), 0, (size+page-1)/page*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return err
+	}
+	binary.NativeEndian.PutUint32(buf[0:], uint32(len(slots)))
+	for i, s := range slots {
+		binary.NativeEndian.PutUint32(buf[(i+1)*stride:], s)
+	}
+	return unix.Munmap(buf)
 }
 
 // DeleteTable removes table id; a missing one is not an error.

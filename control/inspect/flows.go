@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
@@ -45,8 +44,7 @@ func Conntrack(dp *dataplane.Dataplane, f FlowFilter) ([]Flow, int, error) {
 	err = dp.Flows(func(fl dataplane.Flow) bool {
 		total++
 		name := names[fl.SvcID]
-		if f.Service != "" && name != f.Service && !strings.HasPrefix(name, f.Service+":") &&
-			!strings.HasPrefix(name, f.Service+"/") {
+		if f.Service != "" && !MatchService(name, f.Service) {
 			return true
 		}
 		if f.Client.IsValid() && fl.Client.Addr() != f.Client {
@@ -58,22 +56,36 @@ func Conntrack(dp *dataplane.Dataplane, f FlowFilter) ([]Flow, int, error) {
 		if f.Proto != 0 && fl.Proto != f.Proto {
 			return true
 		}
-		row := Flow{
-			Proto: dataplane.ProtoName(fl.Proto), Client: fl.Client.String(), Frontend: fl.Frontend.String(),
-			Backend: fl.Backend.String(), Service: name, State: flowState(fl),
-			AgeSec:  int64((now - fl.Created) / time.Second),
-			IdleSec: int64((now - fl.LastSeen) / time.Second),
-		}
-		if fl.NAT.IsValid() {
-			row.NAT = fl.NAT.String()
-		}
-		out = append(out, row)
+		out = append(out, flowRow(fl, name, now))
 		return true
 	})
+	// Addresses sort by value, not as text: port 9 before port 10.
+	key := func(s string) netip.AddrPort { ap, _ := netip.ParseAddrPort(s); return ap }
 	slices.SortFunc(out, func(a, b Flow) int {
-		return cmp.Or(cmp.Compare(a.Service, b.Service), cmp.Compare(a.Client, b.Client), cmp.Compare(a.Frontend, b.Frontend))
+		return cmp.Or(cmp.Compare(a.Service, b.Service), key(a.Client).Compare(key(b.Client)),
+			key(a.Frontend).Compare(key(b.Frontend)), cmp.Compare(a.Proto, b.Proto))
 	})
 	return out, total, err
+}
+
+// flowRow renders a tracked flow; now is the datapath clock (dataplane.Now).
+func flowRow(fl dataplane.Flow, service string, now time.Duration) Flow {
+	row := Flow{
+		Proto: dataplane.ProtoName(fl.Proto), Client: fl.Client.String(), Frontend: fl.Frontend.String(),
+		Backend: fl.Backend.String(), Service: service, State: flowState(fl),
+		AgeSec:  seconds(now - fl.Created),
+		IdleSec: seconds(now - fl.LastSeen),
+	}
+	if fl.NAT.IsValid() {
+		row.NAT = fl.NAT.String()
+	}
+	return row
+}
+
+// seconds rounds down to whole seconds. The datapath stamps flows with a
+// coarse clock that may run a tick ahead of ours: never report less than 0.
+func seconds(d time.Duration) int64 {
+	return max(int64(d/time.Second), 0)
 }
 
 func flowState(f dataplane.Flow) string {

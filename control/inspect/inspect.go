@@ -35,11 +35,14 @@ func Open(pinRoot string) (*dataplane.Dataplane, error) {
 // Attachment is one program attached to an interface.
 type Attachment struct {
 	Interface string `json:"interface"`
-	Hook      string `json:"hook"` // "xdp" or "tc-ingress"
+	Hook      string `json:"hook"` // "xdp", "tc-ingress" (NIC), "tc-pod" (pod interface) or "cgroup" (host sockets)
 	Mode      string `json:"mode"` // native, generic, tcx
 	ProgramID uint32 `json:"programId"`
 	Program   string `json:"program"`
 	LinkID    uint32 `json:"linkId"`
+	// ThisBuild: the attached program is the one this binary carries
+	// (false after an upgrade until the new agent has run).
+	ThisBuild bool `json:"thisBuild"`
 }
 
 // MapUse is the fill level of one map.
@@ -62,7 +65,18 @@ type Status struct {
 	Syncs       uint64       `json:"syncs"`
 	Services    uint32       `json:"servicePorts"`
 	Problems    uint32       `json:"problems"`
+	Datapath    Settings     `json:"datapath"`
 	Counters    []Counter    `json:"counters"`
+}
+
+// Settings are the datapath's run-time settings, as the agent wrote them
+// from its flags.
+type Settings struct {
+	HashSeed              uint32 `json:"hashSeed"`
+	SNATPorts             string `json:"snatPorts"`
+	TCPEstablishedTimeout string `json:"tcpEstablishedTimeout"`
+	TCPTransientTimeout   string `json:"tcpTransientTimeout"`
+	UDPTimeout            string `json:"udpTimeout"`
 }
 
 // Counter is one datapath counter.
@@ -103,9 +117,17 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 	if !as.LastSync.IsZero() {
 		st.LastSync = &as.LastSync
 	}
-	if as.PID != 0 {
-		_, err := os.Stat(fmt.Sprintf("/proc/%d", as.PID))
-		st.AgentAlive = err == nil
+	st.AgentAlive = agentAlive(as.PID)
+	cfg, err := datapathConfig(dp)
+	if err != nil {
+		return st, err
+	}
+	st.Datapath = Settings{
+		HashSeed:              cfg.HashSeed,
+		SNATPorts:             fmt.Sprintf("%d-%d", cfg.SnatPortMin, cfg.SnatPortMax),
+		TCPEstablishedTimeout: time.Duration(cfg.TcpEstablishedTimeoutNs).String(),
+		TCPTransientTimeout:   time.Duration(cfg.TcpTransientTimeoutNs).String(),
+		UDPTimeout:            time.Duration(cfg.UdpTimeoutNs).String(),
 	}
 	names, err := xdp.StatNames()
 	if err != nil {
@@ -123,8 +145,23 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 	return st, nil
 }
 
-// attachments reads the pinned links.
-func attachments(pinRoot string) ([]Attachment, error) {
+// agentAlive reports whether pid is a running xdplb agent. The pid alone
+// is not enough: after the agent stopped, another process may get it.
+func agentAlive(pid uint32) bool {
+	if pid == 0 {
+		return false
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	return len(args) > 1 && strings.Contains(filepath.Base(args[0]), "xdplb") && slices.Contains(args[1:], "agent")
+}
+
+// LinkNames lists the pinned links under pinRoot by their names alone
+// (interface, hook and mode), without opening them.
+func LinkNames(pinRoot string) ([]Attachment, error) {
 	dir := filepath.Join(loader.Dir(pinRoot), "links")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -144,9 +181,45 @@ func attachments(pinRoot string) ([]Attachment, error) {
 			a.Hook, a.Mode, a.Interface = "xdp", "generic", strings.TrimPrefix(name, "xdp-generic-")
 		case strings.HasPrefix(name, "tc-ingress-"):
 			a.Hook, a.Mode, a.Interface = "tc-ingress", "tcx", strings.TrimPrefix(name, "tc-ingress-")
+		case strings.HasPrefix(name, "tc-pod-"):
+			a.Hook, a.Mode, a.Interface = "tc-pod", "tcx", strings.TrimPrefix(name, "tc-pod-")
+		case strings.HasPrefix(name, "cgroup-"):
+			a.Hook, a.Mode, a.Interface = "cgroup", strings.TrimPrefix(name, "cgroup-"), "(cgroup)"
 		default:
 			continue
 		}
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b Attachment) int {
+		return cmp.Or(cmp.Compare(a.Interface, b.Interface), cmp.Compare(a.Hook, b.Hook))
+	})
+	return out, nil
+}
+
+func linkPinName(a Attachment) string {
+	switch a.Hook {
+	case "xdp":
+		return "xdp-" + a.Mode + "-" + a.Interface
+	case "cgroup":
+		return "cgroup-" + a.Mode
+	}
+	return a.Hook + "-" + a.Interface
+}
+
+// attachments reads the pinned links.
+func attachments(pinRoot string) ([]Attachment, error) {
+	dir := filepath.Join(loader.Dir(pinRoot), "links")
+	names, err := LinkNames(pinRoot)
+	if err != nil {
+		return nil, err
+	}
+	specs, err := embeddedPrograms()
+	if err != nil {
+		return nil, err
+	}
+	var out []Attachment
+	for _, a := range names {
+		name := linkPinName(a)
 		l, err := link.LoadPinnedLink(filepath.Join(dir, name), nil)
 		if err != nil {
 			return nil, fmt.Errorf("open pinned link %s: %w", name, err)
@@ -157,6 +230,9 @@ func attachments(pinRoot string) ([]Attachment, error) {
 			if p, err := ebpf.NewProgramFromID(info.Program); err == nil {
 				if pi, err := p.Info(); err == nil {
 					a.Program = pi.Name
+					if spec, ok := specs[pi.Name]; ok {
+						a.ThisBuild = spec.Compatible(pi) == nil
+					}
 				}
 				p.Close()
 			}
@@ -164,9 +240,21 @@ func attachments(pinRoot string) ([]Attachment, error) {
 		l.Close()
 		out = append(out, a)
 	}
-	slices.SortFunc(out, func(a, b Attachment) int {
-		return cmp.Or(cmp.Compare(a.Interface, b.Interface), cmp.Compare(a.Hook, b.Hook))
-	})
+	return out, nil
+}
+
+// embeddedPrograms returns the BPF programs this binary carries, by name.
+func embeddedPrograms() (map[string]*ebpf.ProgramSpec, error) {
+	out := map[string]*ebpf.ProgramSpec{}
+	for _, load := range []func() (*ebpf.CollectionSpec, error){xdp.LoadNic, xdp.LoadNicIngress, xdp.LoadPod, xdp.LoadSock} {
+		spec, err := load()
+		if err != nil {
+			return nil, fmt.Errorf("read embedded BPF object: %w", err)
+		}
+		for name, p := range spec.Programs {
+			out[name] = p
+		}
+	}
 	return out, nil
 }
 
@@ -223,6 +311,7 @@ func Services(dp *dataplane.Dataplane) ([]Frontend, error) {
 			f.Service = fmt.Sprintf("#%d", v.SvcID)
 		}
 		if v.TableID == 0 {
+			f.Backends = []BackendUse{}
 			f.WhenEmpty = "reject"
 			if v.Flags&dataplane.FrontendDropIfEmpty != 0 {
 				f.WhenEmpty = "drop"

@@ -1,15 +1,21 @@
 package inspect
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/xdp"
 )
 
-// Lookup is the answer of `xdplb lookup`: what the datapath does with a
-// packet of a new or existing flow.
+// Lookup is the answer of `xdplb lookup`: what the XDP program on the NIC
+// does with the first packet of a connection from src to dst (a TCP SYN, or
+// a UDP datagram), and what it does with the flow's packets if the tuple is
+// tracked now.
 type Lookup struct {
 	Frontend  string `json:"frontend"`
 	Service   string `json:"service,omitempty"`
@@ -17,17 +23,30 @@ type Lookup struct {
 	Reason    string `json:"reason"`
 	Backend   string `json:"backend,omitempty"`
 	BackendID uint32 `json:"backendId,omitempty"`
+	// Hash, Slot and TableSize are set when the backend comes from the
+	// Maglev table (not from a tracked flow or an affinity entry).
 	Hash      uint32 `json:"hash,omitempty"`
 	Slot      uint32 `json:"slot,omitempty"`
 	TableSize int    `json:"tableSize,omitempty"`
 	SNAT      bool   `json:"snat"`
-	Tracked   *Flow  `json:"tracked,omitempty"`
+	// Tracked is the conntrack entry of this tuple, if there is one.
+	Tracked *TrackedFlow `json:"tracked,omitempty"`
 }
 
-// LookupFlow predicts the datapath's decision for a packet from src to
-// dst, the way the XDP program takes it (see xdp/xdp_nic.c).
-func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (Lookup, error) {
-	out := Lookup{Frontend: fmt.Sprintf("%s/%s", dst, dataplane.ProtoName(proto))}
+// TrackedFlow is a conntrack entry as lookup sees it: Usable tells whether
+// the datapath still follows it for a new connection on the same tuple, and
+// Stale why not.
+type TrackedFlow struct {
+	Flow
+	Usable bool   `json:"usable"`
+	Stale  string `json:"stale,omitempty"`
+}
+
+// LookupFlow predicts the datapath's decision for a connection from src to
+// dst arriving on the NIC, the way the XDP program takes it (see
+// xdp/include/flow.h and maglev.h).
+func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (out Lookup, err error) {
+	out = Lookup{Frontend: fmt.Sprintf("%s/%s", dst, dataplane.ProtoName(proto))}
 	names, err := dp.ServiceNames()
 	if err != nil {
 		return out, err
@@ -36,16 +55,18 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 	if err != nil {
 		return out, err
 	}
+	cfg, err := datapathConfig(dp)
+	if err != nil {
+		return out, err
+	}
+	now := dataplane.Now()
 	key := dataplane.FlowKey{Client: src, Frontend: dst, Proto: proto}
 	if fl, ok, err := dp.Flow(key); err != nil {
 		return out, err
 	} else if ok {
-		row := Flow{Proto: dataplane.ProtoName(proto), Client: src.String(), Frontend: dst.String(),
-			Backend: fl.Backend.String(), Service: names[fl.SvcID], State: flowState(fl)}
-		if fl.NAT.IsValid() {
-			row.NAT = fl.NAT.String()
-		}
-		out.Tracked = &row
+		out.Tracked = &TrackedFlow{Flow: flowRow(fl, names[fl.SvcID], now)}
+		out.Tracked.Stale = staleReason(fl, bes, cfg, now)
+		out.Tracked.Usable = out.Tracked.Stale == ""
 	}
 
 	fes, err := dp.Frontends()
@@ -59,8 +80,24 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 	}
 	out.Service = names[fe.SvcID]
 	if fe.Flags&dataplane.FrontendExternal == 0 {
-		out.Reason = "ClusterIP frontend: handled by the TC programs for traffic from pods and the host"
+		out.Verdict = "pass"
+		out.Reason = "ClusterIP frontend: not reachable from outside the node, the NIC's XDP program leaves it to the stack"
+		return out, nil
 	}
+	if out.Tracked != nil && out.Tracked.Usable {
+		out.Verdict = "forward"
+		out.Backend = out.Tracked.Backend
+		out.BackendID = trackedBackendID(out.Tracked.Backend, bes)
+		out.SNAT = out.Tracked.NAT != ""
+		out.Reason = "tracked flow: its packets follow the conntrack entry while the backend exists"
+		return out, nil
+	}
+	// Every reason below is for a new flow; say why the entry is ignored.
+	var suffix string
+	if out.Tracked != nil {
+		suffix = ", as the tracked entry is " + out.Tracked.Stale
+	}
+	defer func() { out.Reason += suffix }()
 	if fe.Flags&dataplane.FrontendSourceRanges != 0 {
 		allowed := false
 		ranges, err := dp.SourceRanges()
@@ -77,12 +114,6 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 			return out, nil
 		}
 	}
-	if out.Tracked != nil {
-		out.Verdict = "forward"
-		out.Backend = out.Tracked.Backend
-		out.Reason = "tracked flow: follows its conntrack entry while the backend exists"
-		return out, nil
-	}
 	if fe.TableID == 0 {
 		if fe.Flags&dataplane.FrontendDropIfEmpty != 0 {
 			out.Verdict, out.Reason = "drop", "externalTrafficPolicy Local and no endpoint on this node"
@@ -91,37 +122,113 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 		}
 		return out, nil
 	}
+	out.Verdict = "forward"
+	if fe.AffinityTimeout > 0 {
+		if id, idle, ok, err := liveAffinity(dp, fe, src.Addr(), bes, now); err != nil {
+			return out, err
+		} else if ok {
+			b := bes[id]
+			out.BackendID, out.Backend = id, b.String()
+			out.SNAT = fe.Flags&dataplane.FrontendSNATRemote != 0 && !b.Local
+			out.Reason = fmt.Sprintf("ClientIP affinity (%ds): the client's affinity entry, idle %ds, names this backend",
+				fe.AffinityTimeout, seconds(idle))
+			return out, nil
+		}
+	}
 	slots, err := dp.Table(fe.TableID)
 	if err != nil {
 		return out, err
 	}
-	seed, err := hashSeed(dp)
-	if err != nil {
-		return out, err
+	if len(slots) == 0 {
+		out.Verdict, out.Reason = "drop", fmt.Sprintf("Maglev table %d is missing or empty", fe.TableID)
+		return out, nil
 	}
 	if fe.AffinityTimeout > 0 {
-		out.Hash = xdp.ClientHash(src.Addr(), seed)
-		out.Reason = fmt.Sprintf("ClientIP affinity (%ds): Maglev slot of the client address, unless the client has a live affinity entry", fe.AffinityTimeout)
+		out.Hash = xdp.ClientHash(src.Addr(), cfg.HashSeed)
+		out.Reason = fmt.Sprintf("ClientIP affinity (%ds), no live affinity entry: Maglev slot of the client address", fe.AffinityTimeout)
 	} else {
-		out.Hash = xdp.FlowHash(src, dst, proto, seed)
+		out.Hash = xdp.FlowHash(src, dst, proto, cfg.HashSeed)
 		out.Reason = "new flow: Maglev slot of the 5-tuple hash"
 	}
 	out.TableSize = len(slots)
 	out.Slot = out.Hash % uint32(len(slots))
 	out.BackendID = slots[out.Slot]
-	b := bes[out.BackendID]
+	b, ok := bes[out.BackendID]
+	if !ok {
+		out.Verdict, out.Reason = "drop", fmt.Sprintf("Maglev slot %d names backend id %d, which is free", out.Slot, out.BackendID)
+		return out, nil
+	}
 	out.Backend = b.String()
 	out.SNAT = fe.Flags&dataplane.FrontendSNATRemote != 0 && !b.Local
-	out.Verdict = "forward"
 	return out, nil
 }
 
-func hashSeed(dp *dataplane.Dataplane) (uint32, error) {
+// staleReason tells why the datapath would not follow a tracked entry for
+// a new connection on its tuple ("" if it would), like ct_usable in
+// xdp/include/flow.h does for a TCP SYN or a UDP datagram.
+func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.NicDatapathConfig, now time.Duration) string {
+	if !fl.External {
+		return "for traffic from inside the node"
+	}
+	timeout := time.Duration(cfg.UdpTimeoutNs)
+	if fl.Proto == dataplane.TCP {
+		timeout = time.Duration(cfg.TcpTransientTimeoutNs)
+		if fl.TCPState&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0 &&
+			fl.TCPState&uint8(xdp.NicCtTcpStateCT_TCP_FIN|xdp.NicCtTcpStateCT_TCP_RST) == 0 {
+			timeout = time.Duration(cfg.TcpEstablishedTimeoutNs)
+		}
+	}
+	if now-fl.LastSeen > timeout {
+		return fmt.Sprintf("expired (idle %ds, timeout %s)", seconds(now-fl.LastSeen), timeout)
+	}
+	if fl.Proto == dataplane.TCP && fl.TCPState&uint8(xdp.NicCtTcpStateCT_TCP_FIN|xdp.NicCtTcpStateCT_TCP_RST) != 0 {
+		return "closed (FIN or RST seen)"
+	}
+	if b, ok := bes[fl.BackendID]; !ok || b.Addr != fl.Backend.Addr() || b.Port != fl.Backend.Port() {
+		return "for a backend that is gone"
+	}
+	return ""
+}
+
+// trackedBackendID finds the id of a tracked flow's backend address.
+func trackedBackendID(addr string, bes map[uint32]dataplane.Backend) uint32 {
+	for id, b := range bes {
+		if b.String() == addr {
+			return id
+		}
+	}
+	return 0
+}
+
+// liveAffinity returns the backend of the client's affinity entry for the
+// frontend's service port, if the datapath would still use it (see
+// pick_backend in xdp/include/maglev.h).
+func liveAffinity(dp *dataplane.Dataplane, fe dataplane.Frontend, client netip.Addr,
+	bes map[uint32]dataplane.Backend, now time.Duration) (id uint32, idle time.Duration, ok bool, err error) {
+	var v xdp.NicAffinityEntry
+	k := xdp.NicAffinityKey{SvcId: fe.SvcID, ClientAddr: xdp.AddrToNet(client)}
+	if err := dp.Maps().Affinity.Lookup(k, &v); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return 0, 0, false, nil
+	} else if err != nil {
+		return 0, 0, false, fmt.Errorf("affinity lookup: %w", err)
+	}
+	idle = now - time.Duration(v.LastSeenNs)
+	if idle >= time.Duration(fe.AffinityTimeout)*time.Second {
+		return 0, idle, false, nil
+	}
+	b, found := bes[v.BackendId]
+	if !found || xdp.AddrToNet(b.Addr) != v.BackendAddr || xdp.PortToNet(b.Port) != v.BackendPort || b.Terminating {
+		return 0, idle, false, nil
+	}
+	return v.BackendId, idle, true, nil
+}
+
+func datapathConfig(dp *dataplane.Dataplane) (xdp.NicDatapathConfig, error) {
 	var cfg xdp.NicDatapathConfig
 	if err := dp.Maps().Config.Lookup(uint32(0), &cfg); err != nil {
-		return 0, fmt.Errorf("read datapath config: %w", err)
+		return cfg, fmt.Errorf("read datapath config: %w", err)
 	}
-	return cfg.HashSeed, nil
+	return cfg, nil
 }
 
 // TableReport is the answer of `xdplb maglev`.
@@ -145,7 +252,7 @@ func Tables(dp *dataplane.Dataplane, name string) ([]TableReport, error) {
 	byTable := map[uint32]*TableReport{}
 	var order []uint32
 	for _, f := range items {
-		if f.Service != name && !hasPrefixKey(f.Service, name) {
+		if !MatchService(f.Service, name) {
 			continue
 		}
 		if f.TableID == 0 {
@@ -171,6 +278,13 @@ func Tables(dp *dataplane.Dataplane, name string) ([]TableReport, error) {
 		out = append(out, *byTable[id])
 	}
 	return out, nil
+}
+
+// MatchService reports whether a service port key matches name: the key
+// itself, or a prefix of it ending before a ':' or '/' (namespace/name,
+// or a namespace).
+func MatchService(key, name string) bool {
+	return key == name || hasPrefixKey(key, name)
 }
 
 func hasPrefixKey(key, prefix string) bool {

@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -15,56 +17,101 @@ import (
 // whose inputs changed: the Service itself, its EndpointSlices, or the
 // node. Changes are told apart by resourceVersion, so objects without one
 // (a services file) are recomputed every time. Frontends claimed by two
-// Services are resolved over the whole state on every call, as Compute
-// does. It is not safe for concurrent use.
+// Services are resolved as Compute does, but only for the frontends whose
+// claims changed. The cost of a call is one pass over the inputs to spot
+// changes plus the work for the changed Services. It is not safe for
+// concurrent use.
 type Incremental struct {
-	nodeKey  string
-	services map[string]*cachedService
-	losers   map[string]bool // service ports that lost a frontend last time
+	nodeKey   string
+	nodeAddrs []netip.Addr
+
+	services map[string]*cachedService // namespace/name -> its computed ports
+	claims   map[frontendID][]claimant // who claims each frontend
+	ports    map[string]*portState     // service port key -> its state
+	order    []string                  // service port keys in State order
 }
 
 type cachedService struct {
 	fingerprint string
-	ports       []port
+	ports       []port // as computed, before conflicts between Services
 	problems    []Problem
+}
+
+// frontendID is a frontend without its kind: what two Services can share.
+type frontendID struct {
+	addr  netip.Addr
+	port  uint16
+	proto Protocol
+}
+
+type claimant struct {
+	key     string
+	kind    FrontendKind
+	created time.Time
+}
+
+// loss is a frontend a service port gives up to another claim.
+type loss struct {
+	frontend Frontend
+	winner   claimant
+}
+
+type portState struct {
+	pre    *port   // before conflicts
+	losses []loss  // frontends lost to other claims
+	final  Service // what State holds
 }
 
 // NewIncremental returns an empty cache.
 func NewIncremental() *Incremental {
-	return &Incremental{services: map[string]*cachedService{}, losers: map[string]bool{}}
+	inc := &Incremental{}
+	inc.reset()
+	return inc
+}
+
+func (inc *Incremental) reset() {
+	inc.services = map[string]*cachedService{}
+	inc.claims = map[frontendID][]claimant{}
+	inc.ports = map[string]*portState{}
+	inc.order = nil
 }
 
 // Update returns the state for in, its problems, and the keys (Service.Key)
 // of the service ports that may differ from the previous call's: added,
-// removed, or recomputed. On the first call every port is in changed.
+// removed, recomputed, or whose frontends other Services now claim.
 func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	changed := map[string]bool{}
 	c := &computer{node: in.Node}
 	c.nodeAddrs = c.nodeAddresses(in.Node)
 	if key := nodeKey(in.Node, c.nodeAddrs); key != inc.nodeKey {
-		for _, cs := range inc.services {
-			for _, p := range cs.ports {
-				changed[p.Key()] = true
-			}
+		for k := range inc.ports {
+			changed[k] = true
 		}
-		inc.services = map[string]*cachedService{}
-		inc.nodeKey = key
+		inc.reset()
+		inc.nodeKey, inc.nodeAddrs = key, c.nodeAddrs
 	}
-	nodeProblems := c.problems
 
 	bySvc := map[string][]*discoveryv1.EndpointSlice{}
 	for _, s := range in.Slices {
 		if s == nil {
 			continue
 		}
-		name := s.Labels[discoveryv1.LabelServiceName]
-		bySvc[s.Namespace+"/"+name] = append(bySvc[s.Namespace+"/"+name], s)
+		key := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
+		bySvc[key] = append(bySvc[key], s)
 	}
 
-	svcs := c.services(in.Services)
-	seen := make(map[string]bool, len(svcs))
-	for _, svc := range svcs {
+	affected := map[frontendID]bool{}
+	seen := make(map[string]bool, len(in.Services))
+	for i, svc := range in.Services {
+		if svc == nil {
+			c.report("Service", "#"+itoa(i), "", "nil Service skipped")
+			continue
+		}
 		key := svc.Namespace + "/" + svc.Name
+		if seen[key] {
+			c.report("Service", key, "", "listed twice; the later copy is ignored")
+			continue
+		}
 		seen[key] = true
 		fp := fingerprint(svc, bySvc[key])
 		if cs, ok := inc.services[key]; ok && fp != "" && cs.fingerprint == fp {
@@ -73,79 +120,167 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 		one := &computer{node: in.Node, nodeAddrs: c.nodeAddrs}
 		groups := one.groupSlices(bySvc[key])
 		one.addService(svc, groups[key])
-		if old, ok := inc.services[key]; ok {
-			for _, p := range old.ports {
-				changed[p.Key()] = true
+		inc.drop(key, changed, affected)
+		cs := &cachedService{fingerprint: fp, ports: one.ports, problems: one.problems}
+		inc.services[key] = cs
+		for i := range cs.ports {
+			p := &cs.ports[i]
+			p.Frontends = tidyFrontends(p.Frontends)
+			pk := p.Key()
+			inc.ports[pk] = &portState{pre: p}
+			changed[pk] = true
+			for _, f := range p.Frontends {
+				id := frontendID{f.Addr, f.Port, f.Protocol}
+				inc.claims[id] = append(inc.claims[id], claimant{pk, f.Kind, p.created})
+				affected[id] = true
 			}
 		}
-		for _, p := range one.ports {
-			changed[p.Key()] = true
-		}
-		inc.services[key] = &cachedService{fingerprint: fp, ports: one.ports, problems: one.problems}
 	}
-	for key, cs := range inc.services {
+	for key := range inc.services {
 		if !seen[key] {
-			for _, p := range cs.ports {
-				changed[p.Key()] = true
-			}
+			inc.drop(key, changed, affected)
 			delete(inc.services, key)
 		}
 	}
-	// Slices of no Service are reported like Compute does.
 	for key, ss := range bySvc {
-		if !seen[key] {
-			for _, s := range ss {
-				if s.Labels[discoveryv1.LabelServiceName] == "" {
-					c.report("EndpointSlice", s.Namespace+"/"+s.Name, "metadata.labels",
-						"no %s label; slice ignored", discoveryv1.LabelServiceName)
-				}
+		if seen[key] {
+			continue
+		}
+		for _, s := range ss {
+			if s.Labels[discoveryv1.LabelServiceName] == "" {
+				c.report("EndpointSlice", s.Namespace+"/"+s.Name, "metadata.labels",
+					"no %s label; slice ignored", discoveryv1.LabelServiceName)
 			}
 		}
 	}
 
-	problems := append([]Problem(nil), nodeProblems...)
-	problems = append(problems, c.problems[len(nodeProblems):]...)
-	all := &computer{node: in.Node, nodeAddrs: c.nodeAddrs}
-	keys := make([]string, 0, len(inc.services))
-	for key := range inc.services {
-		keys = append(keys, key)
-	}
-	slices.Sort(keys)
-	for _, key := range keys {
-		cs := inc.services[key]
-		for _, p := range cs.ports {
-			p.Frontends = slices.Clone(p.Frontends)
-			all.ports = append(all.ports, p)
+	inc.resolve(affected, changed)
+	for k := range changed {
+		if ps := inc.ports[k]; ps != nil {
+			ps.final = ps.pre.Service
+			if len(ps.losses) > 0 {
+				ps.final.Frontends = slices.DeleteFunc(slices.Clone(ps.pre.Frontends), func(f Frontend) bool {
+					return slices.ContainsFunc(ps.losses, func(l loss) bool { return l.frontend == f })
+				})
+			}
 		}
-		problems = append(problems, cs.problems...)
 	}
-	before := len(all.problems)
-	all.resolveConflicts()
-	problems = append(problems, all.problems[before:]...)
+	inc.reorder(changed)
 
-	// A port that lost a frontend now or last time differs from what the
-	// cache alone says: count it as changed.
-	for k := range all.lost {
-		changed[k] = true
+	st := State{Services: make([]Service, 0, len(inc.order))}
+	problems := c.problems
+	for _, k := range inc.order {
+		st.Services = append(st.Services, inc.ports[k].final)
 	}
-	for k := range inc.losers {
-		changed[k] = true
+	svcKeys := make([]string, 0, len(inc.services))
+	for k := range inc.services {
+		svcKeys = append(svcKeys, k)
 	}
-	inc.losers = all.lost
+	slices.Sort(svcKeys)
+	for _, k := range svcKeys {
+		problems = append(problems, inc.services[k].problems...)
+	}
+	for _, k := range inc.order {
+		ps := inc.ports[k]
+		for _, l := range ps.losses {
+			if l.winner.key == k {
+				continue // the same address twice in one service port
+			}
+			problems = append(problems, Problem{Kind: "Service", Object: ps.pre.Namespace + "/" + ps.pre.Name,
+				Message: "frontend " + l.frontend.String() + " of port " + k + " is also claimed by " +
+					l.winner.key + " (" + l.winner.kind.String() + "); dropped here"})
+		}
+	}
+	return st, problems, changed
+}
 
-	out := make([]Service, len(all.ports))
-	for i, p := range all.ports {
-		out[i] = p.Service
+// drop forgets a Service's ports and their claims.
+func (inc *Incremental) drop(svcKey string, changed map[string]bool, affected map[frontendID]bool) {
+	cs, ok := inc.services[svcKey]
+	if !ok {
+		return
 	}
-	slices.SortFunc(out, func(a, b Service) int {
+	for i := range cs.ports {
+		p := &cs.ports[i]
+		pk := p.Key()
+		changed[pk] = true
+		for _, f := range p.Frontends {
+			id := frontendID{f.Addr, f.Port, f.Protocol}
+			inc.claims[id] = slices.DeleteFunc(inc.claims[id], func(c claimant) bool { return c.key == pk })
+			if len(inc.claims[id]) == 0 {
+				delete(inc.claims, id)
+			}
+			affected[id] = true
+		}
+		delete(inc.ports, pk)
+	}
+}
+
+// resolve decides the frontends whose claims changed: the best claim
+// keeps it (kind, then the older Service, then the smaller key), the
+// others lose it.
+func (inc *Incremental) resolve(affected map[frontendID]bool, changed map[string]bool) {
+	better := func(a, b claimant) int {
+		return cmp.Or(cmp.Compare(a.kind, b.kind), compareCreated(a.created, b.created), cmp.Compare(a.key, b.key))
+	}
+	for id := range affected {
+		cl := inc.claims[id]
+		same := func(l loss) bool {
+			return l.frontend.Addr == id.addr && l.frontend.Port == id.port && l.frontend.Protocol == id.proto
+		}
+		// Forget earlier decisions about this frontend.
+		for _, c := range cl {
+			if ps := inc.ports[c.key]; ps != nil && slices.ContainsFunc(ps.losses, same) {
+				ps.losses = slices.DeleteFunc(ps.losses, same)
+				changed[c.key] = true
+			}
+		}
+		if len(cl) < 2 {
+			continue
+		}
+		w := slices.MinFunc(cl, better)
+		for _, c := range cl {
+			if c == w {
+				continue
+			}
+			if ps := inc.ports[c.key]; ps != nil {
+				f := Frontend{Addr: id.addr, Port: id.port, Protocol: id.proto, Kind: c.kind}
+				ps.losses = append(ps.losses, loss{f, w})
+				slices.SortFunc(ps.losses, func(a, b loss) int { return compareFrontends(a.frontend, b.frontend) })
+				changed[c.key] = true
+			}
+		}
+	}
+}
+
+// reorder keeps order sorted as Compute sorts State.
+func (inc *Incremental) reorder(changed map[string]bool) {
+	less := func(a, b *Service) int {
 		return cmp.Or(
 			cmp.Compare(a.Namespace, b.Namespace),
 			cmp.Compare(a.Name, b.Name),
 			cmp.Compare(a.PortName, b.PortName),
 			cmp.Compare(a.Protocol, b.Protocol),
 		)
-	})
-	return State{Services: out}, problems, changed
+	}
+	// Drop keys that are gone, then insert the new ones.
+	inc.order = slices.DeleteFunc(inc.order, func(k string) bool { return changed[k] && inc.ports[k] == nil })
+	present := make(map[string]bool, len(changed))
+	for _, k := range inc.order {
+		if changed[k] {
+			present[k] = true
+		}
+	}
+	for k := range changed {
+		ps := inc.ports[k]
+		if ps == nil || present[k] {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(inc.order, &ps.pre.Service, func(e string, t *Service) int {
+			return less(&inc.ports[e].pre.Service, t)
+		})
+		inc.order = slices.Insert(inc.order, i, k)
+	}
 }
 
 // fingerprint identifies a Service's inputs by resourceVersion; "" when
@@ -154,15 +289,24 @@ func fingerprint(svc *corev1.Service, ss []*discoveryv1.EndpointSlice) string {
 	if svc.ResourceVersion == "" {
 		return ""
 	}
-	parts := make([]string, 0, len(ss)+1)
+	var b strings.Builder
+	b.WriteString(string(svc.UID))
+	b.WriteByte('@')
+	b.WriteString(svc.ResourceVersion)
+	if len(ss) > 1 {
+		ss = slices.Clone(ss)
+		slices.SortFunc(ss, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	}
 	for _, s := range ss {
 		if s.ResourceVersion == "" {
 			return ""
 		}
-		parts = append(parts, s.Name+"@"+s.ResourceVersion)
+		b.WriteByte('|')
+		b.WriteString(s.Name)
+		b.WriteByte('@')
+		b.WriteString(s.ResourceVersion)
 	}
-	slices.Sort(parts)
-	return string(svc.UID) + "@" + svc.ResourceVersion + "|" + strings.Join(parts, ",")
+	return b.String()
 }
 
 // nodeKey identifies what Compute uses of the node.
@@ -177,3 +321,5 @@ func nodeKey(n NodeInfo, addrs []netip.Addr) string {
 	}
 	return b.String()
 }
+
+func itoa(i int) string { return strconv.Itoa(i) }

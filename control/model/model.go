@@ -486,9 +486,14 @@ func (c *computer) resolveConflicts() {
 			c.report("Service", p.Namespace+"/"+p.Name, "",
 				"frontend %s of port %s is also claimed by %s (%s); dropped here", l.frontend, p.Key(), w.Key(), l.winner.kind)
 		}
-		slices.SortFunc(p.Frontends, compareFrontends)
-		p.Frontends = slices.Compact(p.Frontends)
+		p.Frontends = tidyFrontends(p.Frontends)
 	}
+}
+
+// tidyFrontends sorts frontends and drops exact duplicates.
+func tidyFrontends(fs []Frontend) []Frontend {
+	slices.SortFunc(fs, compareFrontends)
+	return slices.Compact(fs)
 }
 
 // compareCreated orders creation times, oldest first and unknown (zero)

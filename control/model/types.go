@@ -186,9 +186,9 @@ type Service struct {
 // "namespace/name/PROTOCOL" for an unnamed port.
 func (s *Service) Key() string {
 	if s.PortName == "" {
-		return fmt.Sprintf("%s/%s/%s", s.Namespace, s.Name, s.Protocol)
+		return s.Namespace + "/" + s.Name + "/" + s.Protocol.String()
 	}
-	return fmt.Sprintf("%s/%s:%s/%s", s.Namespace, s.Name, s.PortName, s.Protocol)
+	return s.Namespace + "/" + s.Name + ":" + s.PortName + "/" + s.Protocol.String()
 }
 
 // UsesLocalSet reports whether traffic arriving at a frontend of kind k is

@@ -88,6 +88,13 @@ type Reconciler struct {
 	frontends map[dataplane.FrontendKey]dataplane.Frontend
 	ranges    map[dataplane.SourceRange]bool
 	usedIDs   map[uint32]bool // service port ids in use
+	// Backend ids in use (the values of backendIDs); the allocators
+	// resume their search where they last found a free id.
+	usedBackendIDs map[uint32]bool
+	nextBackendID  uint32
+	nextServiceID  uint32
+	// adoptedIDs are the service ids pinned frontends carry.
+	adoptedIDs map[uint32]bool
 
 	// adopted are frontends found pinned at start, used once to give
 	// service ports their old ids back.
@@ -113,6 +120,9 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 		ranges:     map[dataplane.SourceRange]bool{},
 		usedIDs:    map[uint32]bool{},
 		cache:      newBuildCache(),
+
+		usedBackendIDs: map[uint32]bool{},
+		adoptedIDs:     map[uint32]bool{},
 	}
 	var err error
 	if r.backends, err = dp.Backends(); err != nil {
@@ -120,11 +130,15 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	}
 	for id, b := range r.backends {
 		r.backendIDs[netip.AddrPortFrom(b.Addr, b.Port)] = id
+		r.usedBackendIDs[id] = true
 	}
 	if r.frontends, err = dp.Frontends(); err != nil {
 		return nil, fmt.Errorf("adopt frontends: %w", err)
 	}
 	r.adopted = maps.Clone(r.frontends)
+	for _, fe := range r.adopted {
+		r.adoptedIDs[fe.SvcID] = true
+	}
 	ranges, err := dp.SourceRanges()
 	if err != nil {
 		return nil, fmt.Errorf("adopt source ranges: %w", err)
@@ -231,6 +245,7 @@ func (r *Reconciler) Apply(ctx context.Context, st model.State, changed map[stri
 		}
 	}
 	r.adopted = nil
+	r.adoptedIDs = map[uint32]bool{}
 	r.cache.sweep(full)
 	return res, err
 }
@@ -240,6 +255,7 @@ func (r *Reconciler) Apply(ctx context.Context, st model.State, changed map[stri
 func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string]*portRecord, full bool, res *Result) error {
 	// 1. Backends that are new or changed.
 	var gone []netip.AddrPort
+	puts := map[uint32]dataplane.Backend{}
 	for ap := range touched {
 		b, used := r.merged(ap)
 		if !used {
@@ -250,12 +266,15 @@ func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string
 		if cur, ok := r.backends[id]; ok && cur == b {
 			continue
 		}
-		if err := r.dp.PutBackend(id, b); err != nil {
-			return err
-		}
-		r.backends[id] = b
-		res.BackendsAdded++
+		puts[id] = b
 	}
+	if err := r.dp.PutBackends(puts); err != nil {
+		return err
+	}
+	for id, b := range puts {
+		r.backends[id] = b
+	}
+	res.BackendsAdded += len(puts)
 	// 2. Tables, each swapped in whole.
 	for _, rec := range next {
 		if rec == nil {
@@ -275,6 +294,7 @@ func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string
 	// 3. Source ranges, then frontends.
 	wantRanges := map[dataplane.SourceRange]bool{}
 	wantFrontends := map[dataplane.FrontendKey]bool{}
+	fePuts := map[dataplane.FrontendKey]dataplane.Frontend{}
 	for _, rec := range next {
 		if rec == nil {
 			continue
@@ -294,13 +314,16 @@ func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string
 			if cur, ok := r.frontends[k]; ok && cur == v {
 				continue
 			}
-			if err := r.dp.PutFrontend(k, v); err != nil {
-				return err
-			}
-			r.frontends[k] = v
-			res.FrontendsWritten++
+			fePuts[k] = v
 		}
 	}
+	if err := r.dp.PutFrontends(fePuts); err != nil {
+		return err
+	}
+	for k, v := range fePuts {
+		r.frontends[k] = v
+	}
+	res.FrontendsWritten += len(fePuts)
 
 	// Deletions: what the changed ports had and no longer have (or, on a
 	// full Apply, whatever no port wants).
@@ -401,6 +424,7 @@ func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string
 		}
 		delete(r.backends, id)
 		delete(r.backendIDs, ap)
+		delete(r.usedBackendIDs, id)
 		delete(r.users, ap)
 		res.BackendsRemoved++
 	}
@@ -627,31 +651,34 @@ func (r *Reconciler) serviceID(key string, svc *model.Service) (uint32, bool) {
 			}
 		}
 	}
-	for id := uint32(1); id < r.cfg.ServicesMax; id++ {
-		if !r.usedIDs[id] && !r.adoptedID(id) {
-			r.usedIDs[id] = true
-			if err := r.dp.ResetServiceCounters(id); err != nil {
-				r.log.Warn("reset service counters", "id", id, "error", err)
-			}
-			r.nameService(id, key)
-			return id, true
+	if id, ok := nextFree(&r.nextServiceID, r.cfg.ServicesMax, func(id uint32) bool {
+		return r.usedIDs[id] || r.adoptedIDs[id]
+	}); ok {
+		r.usedIDs[id] = true
+		if err := r.dp.ResetServiceCounters(id); err != nil {
+			r.log.Warn("reset service counters", "id", id, "error", err)
 		}
+		r.nameService(id, key)
+		return id, true
 	}
 	return 0, false
 }
 
-// adoptedID reports whether a pinned frontend still carries id, so a new
-// port does not take the id its old owner will claim in the same Apply.
-func (r *Reconciler) adoptedID(id uint32) bool {
-	if r.adopted == nil {
-		return false
+// nextFree finds a free id in [1, limit), starting after *cursor and
+// wrapping once; used reports the ids taken. Amortised constant time while
+// ids are plentiful.
+func nextFree(cursor *uint32, limit uint32, used func(uint32) bool) (uint32, bool) {
+	if limit < 2 {
+		return 0, false
 	}
-	for _, fe := range r.adopted {
-		if fe.SvcID == id {
-			return true
+	for n := uint32(1); n < limit; n++ {
+		id := (*cursor+n-1)%(limit-1) + 1
+		if !used(id) {
+			*cursor = id
+			return id, true
 		}
 	}
-	return false
+	return 0, false
 }
 
 func (r *Reconciler) nameService(id uint32, key string) {
@@ -660,18 +687,13 @@ func (r *Reconciler) nameService(id uint32, key string) {
 	}
 }
 
-// allocateBackendID returns the lowest free backend id.
+// allocateBackendID returns a free backend id.
 func (r *Reconciler) allocateBackendID() (uint32, bool) {
-	used := make(map[uint32]bool, len(r.backendIDs))
-	for _, id := range r.backendIDs {
-		used[id] = true
+	id, ok := nextFree(&r.nextBackendID, r.cfg.BackendsMax, func(id uint32) bool { return r.usedBackendIDs[id] })
+	if ok {
+		r.usedBackendIDs[id] = true
 	}
-	for id := uint32(1); id < r.cfg.BackendsMax; id++ {
-		if !used[id] {
-			return id, true
-		}
-	}
-	return 0, false
+	return id, ok
 }
 
 func frontendKey(f model.Frontend) dataplane.FrontendKey {

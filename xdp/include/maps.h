@@ -313,11 +313,12 @@ struct {
 } backends SEC(".maps");
 
 /* One Maglev table: slot 0 holds the table size M, slots 1..M backend ids.
- * Tables differ in size, hence BPF_F_INNER_MAP. */
+ * Tables differ in size, hence BPF_F_INNER_MAP; they are filled through a
+ * memory mapping (BPF_F_MMAPABLE), one copy instead of M updates. */
 struct maglev_table {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
-	__uint(map_flags, BPF_F_INNER_MAP);
+	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, __u32);
 };
