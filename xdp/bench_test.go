@@ -291,6 +291,10 @@ func summary(b *testing.B, r *benchResults, ratios []ratio) {
 		if base == 0 {
 			continue
 		}
+		if q.target <= 0 {
+			lines = append(lines, fmt.Sprintf("  ratio %-38s %6.2fx %s", q.path, p/base, q.baseline))
+			continue
+		}
 		verdict := "ok"
 		if p/base > q.target {
 			verdict = "ABOVE TARGET"

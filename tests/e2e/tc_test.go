@@ -224,3 +224,49 @@ func TestFragmentedDatagramArrivesWhole(t *testing.T) {
 		}
 	}
 }
+
+func TestPacketsWithIPOptionsAreServed(t *testing.T) {
+	s := newSandbox(t, 2, 0)
+	s.write(shop(s.pods...))
+	s.startAgent()
+	var c net.PacketConn
+	if err := s.topo.Client.Do(func() error {
+		var err error
+		c, err = net.ListenPacket("udp4", ":0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.UDPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	// Four bytes of options: three no-ops and the end of the list.
+	raw.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_IP, syscall.IP_OPTIONS, "\x01\x01\x01\x00")
+	})
+	if serr != nil {
+		t.Fatalf("set IP options: %v", serr)
+	}
+	dst, _ := net.ResolveUDPAddr("udp4", addr(topology.EdgeAddr, 30053))
+	buf := make([]byte, 1500)
+	for i := 0; i < 3; i++ {
+		if _, err := c.WriteTo([]byte("with options"), dst); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, _, err := c.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("datagram with IP options through the NodePort: %v", err)
+		}
+		if name := strings.Fields(string(buf[:n]))[0]; podByName(s.pods, name) == nil {
+			t.Fatalf("answered by %q", name)
+		}
+	}
+	out := s.cli("status", "-o", "json")
+	if !strings.Contains(out, `"pass_ip_options"`) || !strings.Contains(out, `"tc_redirect"`) {
+		t.Errorf("status shows no IP-options packets handed to and served by TC:\n%s", out)
+	}
+}

@@ -128,10 +128,18 @@ static __always_inline int skb_decrease_ttl(struct __sk_buff *skb)
  * the next hop's MAC (resolving it if needed). Routed, so the TTL drops.
  */
 static __always_inline int skb_forward(struct __sk_buff *skb, const struct packet *pkt,
-				       __u32 ifindex)
+				       __u32 ifindex, struct next_hop *cache)
 {
 	struct bpf_fib_lookup fib;
-	int rc = fib_lookup_ipv4(skb, ifindex, pkt, pkt->daddr, &fib);
+	int rc;
+
+	/* A flow's egress device, cached once a second like XDP's next hop;
+	 * the kernel resolves the neighbour itself. */
+	if (cache && cache->ifindex) {
+		fib.ifindex = cache->ifindex;
+		goto send;
+	}
+	rc = fib_lookup_ipv4(skb, ifindex, pkt, pkt->daddr, &fib);
 
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
@@ -149,6 +157,13 @@ static __always_inline int skb_forward(struct __sk_buff *skb, const struct packe
 		count(STAT_DROP_NO_ROUTE, skb->len);
 		return TC_ACT_SHOT;
 	}
+	/* Cache only a complete next hop: XDP may follow the same entry. */
+	if (cache && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		cache->ifindex = fib.ifindex;
+		__builtin_memcpy(cache->dmac, fib.dmac, ETH_ALEN);
+		__builtin_memcpy(cache->smac, fib.smac, ETH_ALEN);
+	}
+send:
 	if (skb_decrease_ttl(skb)) {
 		count(STAT_DROP_TTL, skb->len);
 		return TC_ACT_SHOT;

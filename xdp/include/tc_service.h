@@ -60,7 +60,7 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 		return TC_ACT_SHOT;
 	}
 	frag_remember(&orig, pkt, ct->svc_id);
-	return skb_forward(skb, pkt, skb->ifindex);
+	return skb_forward(skb, pkt, skb->ifindex, &ct->hop);
 }
 
 /* A reply of a backend: translate it back to what its client expects. */
@@ -83,7 +83,7 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct packet *pkt,
 		return TC_ACT_SHOT;
 	}
 	frag_remember(&orig, pkt, svc_id);
-	return skb_forward(skb, pkt, skb->ifindex);
+	return skb_forward(skb, pkt, skb->ifindex, &rev->hop);
 }
 
 /* Look for a reverse entry matching the packet as a reply. */
@@ -121,7 +121,7 @@ static __always_inline int tc_later_fragment(struct __sk_buff *skb, struct packe
 		count(STAT_DROP_ADJUST, skb->len);
 		return TC_ACT_SHOT;
 	}
-	return skb_forward(skb, pkt, skb->ifindex);
+	return skb_forward(skb, pkt, skb->ifindex, NULL);
 }
 
 #endif /* XDPLB_TC_SERVICE_H */
