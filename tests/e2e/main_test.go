@@ -42,7 +42,7 @@ func runMain(m *testing.M) int {
 // sandbox is a topology with n pods on node2 (and local pods on the edge)
 // running their servers, and a services file the test can rewrite.
 type sandbox struct {
-	t     *testing.T
+	t     testing.TB
 	topo  *topology.Topology
 	pods  []*topology.Pod
 	local []*topology.Pod
@@ -50,7 +50,7 @@ type sandbox struct {
 	dir   string
 }
 
-func newSandbox(t *testing.T, remotePods, localPods int) *sandbox {
+func newSandbox(t testing.TB, remotePods, localPods int) *sandbox {
 	t.Helper()
 	testenv.RequirePrivileged(t)
 	testenv.RequireCommand(t, "ethtool")
