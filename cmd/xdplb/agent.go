@@ -1,27 +1,29 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
+	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
 
 	"github.com/xdplb/xdplb/control/agent"
 	"github.com/xdplb/xdplb/control/maglev"
 	"github.com/xdplb/xdplb/loader"
 )
-
-// env names the environment variable of a flag: --maglev-table-size is
-// XDPLB_MAGLEV_TABLE_SIZE.
-func env(flag string) []string {
-	return []string{"XDPLB_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))}
-}
 
 func bpffsFlag() cli.Flag {
 	return &cli.StringFlag{Name: "bpffs-root", Value: loader.DefaultPinRoot, EnvVars: env("bpffs-root"),
@@ -31,24 +33,25 @@ func bpffsFlag() cli.Flag {
 func agentFlags() []cli.Flag {
 	d := loader.DefaultOptions()
 	return []cli.Flag{
-		&cli.StringSliceFlag{Name: "iface", EnvVars: env("iface"),
+		&cli.StringSliceFlag{Name: "iface", EnvVars: env("iface"), DefaultText: "none, required",
 			Usage: "NIC to attach to (repeatable, or comma-separated); NodePorts listen on its addresses"},
 		&cli.StringFlag{Name: "xdp-mode", Value: string(loader.XDPBestEffort), EnvVars: env("xdp-mode"),
-			Usage: "XDP attach mode: native, generic or best-effort (native, else generic)"},
-		&cli.StringFlag{Name: "services-file", EnvVars: env("services-file"),
+			Usage: "XDP attach mode: native (in the driver), generic (in the stack), best-effort (native, else generic), or off (the TC program does all the work)"},
+		&cli.StringFlag{Name: "services-file", EnvVars: env("services-file"), DefaultText: "none: use the Kubernetes API",
 			Usage: "read Services and EndpointSlices from this YAML file instead of the Kubernetes API"},
-		&cli.StringFlag{Name: "kubeconfig", EnvVars: env("kubeconfig"),
-			Usage: "kubeconfig for the Kubernetes API (default: in-cluster configuration)"},
+		&cli.StringFlag{Name: "kubeconfig", EnvVars: env("kubeconfig"), DefaultText: "the in-cluster configuration",
+			Usage: "kubeconfig for the Kubernetes API"},
 		&cli.StringFlag{Name: "node-name", EnvVars: append(env("node-name"), "NODE_NAME"),
-			Usage: "this node's name: endpoints on it are local"},
+			DefaultText: "the host name with the Kubernetes API, none with --services-file",
+			Usage:       "this node's name: endpoints on it are local"},
 		&cli.UintFlag{Name: "maglev-table-size", Value: 16381, EnvVars: env("maglev-table-size"),
 			Usage: "largest Maglev table; each service port's table is the smallest supported prime >= 100x its backends up to this"},
 		&cli.Uint64Flag{Name: "maglev-hash-seed", Value: uint64(d.HashSeed), EnvVars: env("maglev-hash-seed"),
 			Usage: "seed of the table and flow hashes; must be the same on every node behind one router"},
 		&cli.UintFlag{Name: "conntrack-max", Value: uint(d.ConntrackMax), EnvVars: env("conntrack-max"),
 			Usage: "tracked flows"},
-		&cli.UintFlag{Name: "nat-max", Value: uint(d.NATMax), EnvVars: env("nat-max"),
-			Usage: "reverse NAT entries (one per tracked flow; keep equal to --conntrack-max)"},
+		&cli.UintFlag{Name: "nat-max", Value: uint(d.NATMax), EnvVars: env("nat-max"), DefaultText: "--conntrack-max",
+			Usage: "reverse NAT entries (one per tracked flow)"},
 		&cli.UintFlag{Name: "services-max", Value: uint(d.ServicesMax), EnvVars: env("services-max"),
 			Usage: "service ports (each has an id, counters and up to two Maglev tables)"},
 		&cli.UintFlag{Name: "backends-max", Value: uint(d.BackendsMax), EnvVars: env("backends-max"),
@@ -65,17 +68,19 @@ func agentFlags() []cli.Flag {
 			Usage: "source ports for SNAT to remote backends, per backend; reserved from the host's ephemeral ports"},
 		&cli.StringFlag{Name: "nodeport-range", Value: "30000-32767", EnvVars: env("nodeport-range"),
 			Usage: "the cluster's NodePort range (--service-node-port-range)"},
-		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"),
-			Usage: "node addresses for NodePorts: CIDRs, or \"primary\" (default: the addresses of --iface)"},
+		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"), DefaultText: "the addresses of --iface",
+			Usage: "node addresses that get NodePorts: those within these CIDRs, or the node's primary address"},
 		bpffsFlag(),
 		&cli.StringFlag{Name: "metrics-bind-address", Value: "127.0.0.1:10249", EnvVars: env("metrics-bind-address"),
 			Usage: "address of /metrics (empty: off)"},
 		&cli.StringFlag{Name: "healthz-bind-address", Value: "0.0.0.0:10256", EnvVars: env("healthz-bind-address"),
 			Usage: "address of /healthz and /livez (empty: off)"},
-		&cli.StringFlag{Name: "service-proxy-name", EnvVars: env("service-proxy-name"),
-			Usage: "handle only Services whose service.kubernetes.io/service-proxy-name label has this value (empty: only unlabelled ones)"},
-		&cli.StringFlag{Name: "pod-interfaces", Value: "veth*,lxc*,cali*,azv*,eni*,gke*,cni*", EnvVars: env("pod-interfaces"),
+		&cli.StringFlag{Name: "service-proxy-name", EnvVars: env("service-proxy-name"), DefaultText: "none: unlabelled Services only",
+			Usage: "handle only Services whose service.kubernetes.io/service-proxy-name label has this value"},
+		&cli.StringFlag{Name: "pod-interfaces", Value: "veth*,lxc*,cali*,azv*,eni*,gke*", EnvVars: env("pod-interfaces"),
 			Usage: "name patterns of host-side pod interfaces"},
+		&cli.StringFlag{Name: "cgroup-root", EnvVars: env("cgroup-root"), DefaultText: "none: off",
+			Usage: "cgroup v2 directory whose processes reach services through socket programs (normally " + loader.DefaultCgroupRoot + ", all of the node's)"},
 		&cli.DurationFlag{Name: "min-sync-period", Value: 10 * time.Millisecond, EnvVars: env("min-sync-period"),
 			Usage: "least time between two syncs: bursts of changes are applied together"},
 		&cli.DurationFlag{Name: "sync-period", Value: time.Minute, EnvVars: env("sync-period"),
@@ -87,15 +92,36 @@ func agentFlags() []cli.Flag {
 	}
 }
 
+// runAgent starts the agent with a validated configuration and runs it
+// until ctx ends. Tests replace it to see the configuration without
+// attaching anything.
+var runAgent = func(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
+	a, err := agent.Start(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	log.Info("agent started", "version", version, "interfaces", cfg.Interfaces, "node", cfg.NodeName)
+	if err := a.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("agent stopped; datapath stays attached")
+	return nil
+}
+
 func agentCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "agent",
 		Usage: "attach the datapath and keep it in step with Services and EndpointSlices",
-		Description: "On SIGTERM the agent exits and leaves the datapath attached and pinned, so a\n" +
+		Description: "Every flag can also be set by its environment variable (XDPLB_<FLAG>; the\n" +
+			"command line wins). Invalid flags exit with code 2 before anything is attached.\n\n" +
+			"On SIGTERM the agent exits and leaves the datapath attached and pinned, so a\n" +
 			"restarted agent takes over without disturbing established flows. `xdplb detach`\n" +
 			"removes it.",
 		Flags: agentFlags(),
 		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
 			log, err := newLogger(c)
 			if err != nil {
 				return err
@@ -104,16 +130,7 @@ func agentCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			a, err := agent.Start(c.Context, cfg, log)
-			if err != nil {
-				return err
-			}
-			log.Info("agent started", "version", version, "interfaces", cfg.Interfaces, "node", cfg.NodeName)
-			if err := a.Run(c.Context); err != nil {
-				return err
-			}
-			log.Info("agent stopped; datapath stays attached")
-			return nil
+			return runAgent(c.Context, cfg, log)
 		},
 	}
 }
@@ -130,7 +147,7 @@ func newLogger(c *cli.Context) (*slog.Logger, error) {
 	case "error":
 		level = slog.LevelError
 	default:
-		return nil, usageError("--log-level %q: allowed values are debug, info, warn, error", c.String("log-level"))
+		return nil, flagError("log-level", c.String("log-level"), "unknown level")
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	switch c.String("log-format") {
@@ -139,11 +156,38 @@ func newLogger(c *cli.Context) (*slog.Logger, error) {
 	case "json":
 		return slog.New(slog.NewJSONHandler(c.App.ErrWriter, opts)), nil
 	}
-	return nil, usageError("--log-format %q: allowed values are text, json", c.String("log-format"))
+	return nil, flagError("log-format", c.String("log-format"), "unknown format")
+}
+
+// listValues splits repeatable, comma-separated flag values, dropping
+// empty ones and duplicates.
+func listValues(c *cli.Context, name string) []string {
+	var out []string
+	for _, v := range c.StringSlice(name) {
+		for _, s := range strings.Split(v, ",") {
+			if s = strings.TrimSpace(s); s != "" && !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// pinRoot validates --bpffs-root (shared by every command).
+func pinRoot(c *cli.Context) (string, error) {
+	root := c.String("bpffs-root")
+	if root == "" || !filepath.IsAbs(root) {
+		return "", flagError("bpffs-root", root, "not an absolute path")
+	}
+	if st, err := os.Stat(root); err == nil && !st.IsDir() {
+		return "", flagError("bpffs-root", root, "not a directory")
+	}
+	return filepath.Clean(root), nil
 }
 
 // agentConfig validates every flag; an error names the flag and the
-// allowed values, and nothing has been attached yet.
+// allowed values, and nothing has been attached yet. It only reads the
+// system: which interfaces exist, which files do.
 func agentConfig(c *cli.Context) (agent.Config, error) {
 	cfg := agent.Config{
 		ServicesFile:   c.String("services-file"),
@@ -153,166 +197,254 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		MetricsAddress: c.String("metrics-bind-address"),
 		HealthzAddress: c.String("healthz-bind-address"),
 		PodInterfaces:  c.String("pod-interfaces"),
+		CgroupRoot:     c.String("cgroup-root"),
 		MinSyncPeriod:  c.Duration("min-sync-period"),
 		SyncPeriod:     c.Duration("sync-period"),
 		HealthTimeout:  time.Minute,
 	}
-	for _, v := range c.StringSlice("iface") {
-		for _, name := range strings.Split(v, ",") {
-			if name = strings.TrimSpace(name); name != "" && !slices.Contains(cfg.Interfaces, name) {
-				cfg.Interfaces = append(cfg.Interfaces, name)
-			}
-		}
-	}
+	cfg.Interfaces = listValues(c, "iface")
 	if len(cfg.Interfaces) == 0 {
-		return cfg, usageError("--iface: at least one network interface is required")
+		return cfg, missingFlag("iface")
 	}
 	for _, name := range cfg.Interfaces {
-		if len(name) > 15 || strings.ContainsAny(name, "/ \t") {
-			return cfg, usageError("--iface %q: not a valid interface name", name)
+		if len(name) > 15 || strings.ContainsAny(name, "/: \t") {
+			return cfg, flagError("iface", name, "not a valid interface name")
+		}
+		// The loader would only notice a missing interface when it
+		// attaches, after earlier interfaces got the program already.
+		if _, err := net.InterfaceByName(name); err != nil {
+			return cfg, flagError("iface", name, fmt.Sprintf("no such network interface (have: %s)", interfaceNames()))
 		}
 	}
 	mode, err := loader.ParseXDPMode(c.String("xdp-mode"))
 	if err != nil {
-		return cfg, usageError("--xdp-mode %q: allowed values are native, generic, best-effort", c.String("xdp-mode"))
+		return cfg, flagError("xdp-mode", c.String("xdp-mode"), "unknown mode")
 	}
 	cfg.XDPMode = mode
 
-	if cfg.ServicesFile != "" && cfg.Kubeconfig != "" {
-		return cfg, usageError("--services-file and --kubeconfig: choose one source")
+	if err := checkSourceFlags(cfg); err != nil {
+		return cfg, err
 	}
-	if cfg.ServicesFile != "" {
-		if st, err := os.Stat(cfg.ServicesFile); err == nil && st.IsDir() {
-			return cfg, usageError("--services-file %q: is a directory, want a YAML file", cfg.ServicesFile)
-		}
-	}
-	if cfg.Kubeconfig != "" {
-		if _, err := os.Stat(cfg.Kubeconfig); err != nil {
-			return cfg, usageError("--kubeconfig %q: %v", cfg.Kubeconfig, err)
+	if cfg.NodeName != "" {
+		if errs := validation.IsDNS1123Subdomain(cfg.NodeName); len(errs) > 0 {
+			return cfg, flagError("node-name", cfg.NodeName, "not a valid node name")
 		}
 	}
 
 	size := c.Uint("maglev-table-size")
-	if _, err := maglev.CheckSize(uint32(size), 1); err != nil || size > 1<<20 {
-		return cfg, usageError("--maglev-table-size %d: allowed values are %s", size, joinUints(maglev.SupportedSizes()))
+	if _, err := maglev.CheckSize(uint32(size), 1); err != nil || size > maxMaglevTableSize {
+		return cfg, flagError("maglev-table-size", size, "not a supported table size")
 	}
 	cfg.MaglevTableSize = uint32(size)
 	cfg.MaglevSeed = c.Uint64("maglev-hash-seed")
 
 	opts := loader.DefaultOptions()
-	opts.PinRoot = c.String("bpffs-root")
-	if opts.PinRoot == "" {
-		return cfg, usageError("--bpffs-root: must not be empty")
+	if opts.PinRoot, err = pinRoot(c); err != nil {
+		return cfg, err
 	}
 	opts.HashSeed = uint32(cfg.MaglevSeed) ^ uint32(cfg.MaglevSeed>>32)
+	// One reverse NAT entry per tracked flow: --nat-max follows
+	// --conntrack-max unless given, and may not be smaller.
+	natMax := c.Uint("nat-max")
+	if !c.IsSet("nat-max") {
+		natMax = c.Uint("conntrack-max")
+	}
 	for _, f := range []struct {
-		name string
-		dst  *uint32
-		min  uint
-		max  uint
+		name     string
+		value    uint
+		dst      *uint32
+		min, max uint
 	}{
-		{"conntrack-max", &opts.ConntrackMax, 1024, 1 << 27},
-		{"nat-max", &opts.NATMax, 1024, 1 << 27},
-		{"services-max", &opts.ServicesMax, 2, 1 << 22},
-		{"backends-max", &opts.BackendsMax, 2, 1 << 24},
-		{"frontends-max", &opts.FrontendsMax, 1, 1 << 24},
+		{"conntrack-max", c.Uint("conntrack-max"), &opts.ConntrackMax, 1024, 1 << 27},
+		{"nat-max", natMax, &opts.NATMax, 1024, 1 << 27},
+		{"services-max", c.Uint("services-max"), &opts.ServicesMax, 2, 1 << 22},
+		{"backends-max", c.Uint("backends-max"), &opts.BackendsMax, 2, 1 << 24},
+		{"frontends-max", c.Uint("frontends-max"), &opts.FrontendsMax, 1, 1 << 24},
 	} {
-		v := c.Uint(f.name)
-		if v < f.min || v > f.max {
-			return cfg, usageError("--%s %d: allowed values are %d to %d", f.name, v, f.min, f.max)
+		if f.value < f.min || f.value > f.max {
+			return cfg, flagError(f.name, f.value, "out of range")
 		}
-		*f.dst = uint32(v)
+		*f.dst = uint32(f.value)
+	}
+	if opts.NATMax < opts.ConntrackMax {
+		return cfg, flagError("nat-max", opts.NATMax, fmt.Sprintf("below --conntrack-max %d: tracked flows would lose their reverse NAT entries", opts.ConntrackMax))
 	}
 	opts.AffinityMax = max(opts.ConntrackMax/8, 1024)
 	opts.SourceRangesMax = max(opts.ServicesMax, 1024)
 	for _, f := range []struct {
-		name string
-		dst  *time.Duration
+		name     string
+		dst      *time.Duration
+		min, max time.Duration
 	}{
-		{"tcp-established-timeout", &opts.TCPEstablishedTimeout},
-		{"tcp-transient-timeout", &opts.TCPTransientTimeout},
-		{"udp-timeout", &opts.UDPTimeout},
+		{"tcp-established-timeout", &opts.TCPEstablishedTimeout, time.Second, 7 * 24 * time.Hour},
+		{"tcp-transient-timeout", &opts.TCPTransientTimeout, time.Second, 7 * 24 * time.Hour},
+		{"udp-timeout", &opts.UDPTimeout, time.Second, 7 * 24 * time.Hour},
+		{"min-sync-period", nil, 0, time.Minute},
+		{"sync-period", nil, time.Second, 24 * time.Hour},
 	} {
 		d := c.Duration(f.name)
-		if d < time.Second || d > 7*24*time.Hour {
-			return cfg, usageError("--%s %s: allowed values are 1s to 168h", f.name, d)
+		if d < f.min || d > f.max {
+			return cfg, flagError(f.name, d, "out of range")
 		}
-		*f.dst = d
-	}
-	if c.Duration("min-sync-period") < 0 || c.Duration("min-sync-period") > time.Minute {
-		return cfg, usageError("--min-sync-period %s: allowed values are 0 to 1m", c.Duration("min-sync-period"))
-	}
-	if c.Duration("sync-period") < time.Second {
-		return cfg, usageError("--sync-period %s: must be at least 1s", c.Duration("sync-period"))
+		if f.dst != nil {
+			*f.dst = d
+		}
 	}
 
 	snatLo, snatHi, err := parsePortRange(c.String("snat-port-range"))
 	if err != nil {
-		return cfg, usageError("--snat-port-range %q: %v (want LOW-HIGH within 1024-65535)", c.String("snat-port-range"), err)
+		return cfg, flagError("snat-port-range", c.String("snat-port-range"), err.Error())
 	}
 	if snatLo < 1024 {
-		return cfg, usageError("--snat-port-range %q: ports below 1024 are privileged; allowed values are within 1024-65535", c.String("snat-port-range"))
+		return cfg, flagError("snat-port-range", c.String("snat-port-range"), "ports below 1024 are privileged")
 	}
 	if int(snatHi)-int(snatLo) < 1023 {
-		return cfg, usageError("--snat-port-range %q: at least 1024 ports are needed", c.String("snat-port-range"))
+		return cfg, flagError("snat-port-range", c.String("snat-port-range"), fmt.Sprintf("%d ports, at least 1024 are needed", int(snatHi)-int(snatLo)+1))
 	}
 	opts.SNATPortMin, opts.SNATPortMax = snatLo, snatHi
 	npLo, npHi, err := parsePortRange(c.String("nodeport-range"))
 	if err != nil {
-		return cfg, usageError("--nodeport-range %q: %v (want LOW-HIGH)", c.String("nodeport-range"), err)
+		return cfg, flagError("nodeport-range", c.String("nodeport-range"), err.Error())
 	}
 	if snatLo <= npHi && npLo <= snatHi {
-		return cfg, usageError("--snat-port-range %s overlaps --nodeport-range %s: they must be disjoint",
-			c.String("snat-port-range"), c.String("nodeport-range"))
+		return cfg, flagError("snat-port-range", c.String("snat-port-range"),
+			fmt.Sprintf("overlaps --nodeport-range %s", c.String("nodeport-range")))
 	}
 	cfg.NodePortMin, cfg.NodePortMax = npLo, npHi
-	for _, v := range c.StringSlice("nodeport-addresses") {
-		for _, s := range strings.Split(v, ",") {
-			s = strings.TrimSpace(s)
-			if s == "" {
-				continue
-			}
-			if s == "primary" {
-				cfg.NodePortPrimary = true
-				continue
-			}
-			p, err := netip.ParsePrefix(s)
-			if err != nil || !p.Addr().Is4() {
-				return cfg, usageError("--nodeport-addresses %q: want IPv4 CIDRs or \"primary\"", s)
-			}
-			cfg.NodePortAddresses = append(cfg.NodePortAddresses, p.Masked())
+	for _, s := range listValues(c, "nodeport-addresses") {
+		if s == "primary" {
+			cfg.NodePortPrimary = true
+			continue
 		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil || !p.Addr().Is4() {
+			return cfg, flagError("nodeport-addresses", s, "not an IPv4 CIDR")
+		}
+		cfg.NodePortAddresses = append(cfg.NodePortAddresses, p.Masked())
 	}
 	if cfg.NodePortPrimary && len(cfg.NodePortAddresses) > 0 {
-		return cfg, usageError("--nodeport-addresses: \"primary\" cannot be combined with CIDRs")
+		return cfg, flagError("nodeport-addresses", strings.Join(listValues(c, "nodeport-addresses"), ","),
+			`"primary" cannot be combined with CIDRs`)
+	}
+
+	for _, name := range []string{"metrics-bind-address", "healthz-bind-address"} {
+		if err := checkBindAddress(c.String(name)); err != nil {
+			return cfg, flagError(name, c.String(name), err.Error())
+		}
+	}
+	if cfg.MetricsAddress != "" && cfg.MetricsAddress == cfg.HealthzAddress {
+		return cfg, flagError("metrics-bind-address", cfg.MetricsAddress, "the same as --healthz-bind-address")
+	}
+	if errs := validation.IsValidLabelValue(cfg.ProxyName); len(errs) > 0 {
+		return cfg, flagError("service-proxy-name", cfg.ProxyName, "not a valid label value")
+	}
+	for _, p := range strings.Split(cfg.PodInterfaces, ",") {
+		if _, err := path.Match(strings.TrimSpace(p), ""); err != nil {
+			return cfg, flagError("pod-interfaces", p, "not a valid pattern")
+		}
+	}
+	if cfg.CgroupRoot != "" {
+		var st unix.Statfs_t
+		if !filepath.IsAbs(cfg.CgroupRoot) {
+			return cfg, flagError("cgroup-root", cfg.CgroupRoot, "not an absolute path")
+		} else if err := unix.Statfs(cfg.CgroupRoot, &st); err != nil {
+			return cfg, flagError("cgroup-root", cfg.CgroupRoot, "no such directory")
+		} else if st.Type != unix.CGROUP2_SUPER_MAGIC {
+			return cfg, flagError("cgroup-root", cfg.CgroupRoot, "not a cgroup v2 directory")
+		}
 	}
 	if err := opts.Validate(); err != nil {
 		return cfg, usageError("%v", err)
 	}
 	cfg.Datapath = opts
+
+	// Without a services file or a kubeconfig, the agent must run in a pod.
+	if cfg.ServicesFile == "" && cfg.Kubeconfig == "" {
+		if _, err := rest.InClusterConfig(); err != nil {
+			return cfg, usageError("no source of Services: give --services-file or --kubeconfig, or run the agent in a pod (%v)", err)
+		}
+	}
+	// Without a node name no endpoint is local, and Services with
+	// externalTrafficPolicy Local would drop everything: with the
+	// Kubernetes API, use the host name, as kube-proxy does.
+	if cfg.ServicesFile == "" && cfg.NodeName == "" {
+		if h, err := os.Hostname(); err == nil {
+			cfg.NodeName = strings.ToLower(h)
+		}
+	}
 	return cfg, nil
+}
+
+// checkSourceFlags validates the source of Services: a services file or
+// a kubeconfig (or neither: the in-cluster configuration).
+func checkSourceFlags(cfg agent.Config) error {
+	switch {
+	case cfg.ServicesFile != "" && cfg.Kubeconfig != "":
+		return flagError("services-file", cfg.ServicesFile, "given together with --kubeconfig: choose one source")
+	case cfg.ServicesFile != "":
+		if st, err := os.Stat(cfg.ServicesFile); err == nil && st.IsDir() {
+			return flagError("services-file", cfg.ServicesFile, "is a directory")
+		}
+		// The file may appear later; its directory is watched, so it
+		// must exist.
+		dir := filepath.Dir(cfg.ServicesFile)
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return flagError("services-file", cfg.ServicesFile, fmt.Sprintf("directory %s does not exist", dir))
+		}
+	case cfg.Kubeconfig != "":
+		if st, err := os.Stat(cfg.Kubeconfig); err != nil {
+			return flagError("kubeconfig", cfg.Kubeconfig, "no such file")
+		} else if st.IsDir() {
+			return flagError("kubeconfig", cfg.Kubeconfig, "is a directory")
+		}
+	}
+	return nil
+}
+
+func interfaceNames() string {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "unknown"
+	}
+	var names []string
+	for _, i := range ifs {
+		names = append(names, i.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// checkBindAddress accepts "", IP:PORT and :PORT.
+func checkBindAddress(s string) error {
+	if s == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return errors.New("not IP:PORT")
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	if host != "" && host != "localhost" {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return fmt.Errorf("%q is not an IP address", host)
+		}
+	}
+	return nil
 }
 
 func parsePortRange(s string) (uint16, uint16, error) {
 	lo, hi, ok := strings.Cut(s, "-")
 	if !ok {
-		return 0, 0, fmt.Errorf("not a range")
+		return 0, 0, errors.New("not a range LOW-HIGH")
 	}
 	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
 	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
 	if err1 != nil || err2 != nil || a == 0 {
-		return 0, 0, fmt.Errorf("ports must be numbers from 1 to 65535")
+		return 0, 0, errors.New("ports must be numbers from 1 to 65535")
 	}
 	if a > b {
-		return 0, 0, fmt.Errorf("low end above high end")
+		return 0, 0, errors.New("low end above high end")
 	}
 	return uint16(a), uint16(b), nil
-}
-
-func joinUints(v []uint32) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = strconv.FormatUint(uint64(x), 10)
-	}
-	return strings.Join(s, ", ")
 }

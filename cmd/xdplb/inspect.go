@@ -16,26 +16,48 @@ import (
 	"github.com/xdplb/xdplb/loader"
 )
 
-func schemaVersion() string { return loader.SchemaVersion }
-
 func outputFlag() cli.Flag {
 	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table or json"}
 }
 
-// inspectAction opens the pinned maps and checks the output format before
-// calling fn.
-func inspectAction(fn func(c *cli.Context, dp *dataplane.Dataplane, asJSON bool) error) cli.ActionFunc {
+// outputJSON validates --output and reports whether it is json.
+func outputJSON(c *cli.Context) (bool, error) {
+	switch format := c.String("output"); format {
+	case "table":
+		return false, nil
+	case "json":
+		return true, nil
+	default:
+		return false, flagError("output", format, "unknown format")
+	}
+}
+
+// inspectAction validates the common flags, checks the command's own with
+// check, then opens the pinned maps and calls fn. Usage errors (exit 2)
+// come before the pins are opened.
+func inspectAction(check func(c *cli.Context) error, fn func(c *cli.Context, root string, dp *dataplane.Dataplane, asJSON bool) error) cli.ActionFunc {
 	return func(c *cli.Context) error {
-		format := c.String("output")
-		if format != "table" && format != "json" {
-			return usageError("--output %q: allowed values are table, json", format)
+		asJSON, err := outputJSON(c)
+		if err != nil {
+			return err
 		}
-		dp, err := inspect.Open(c.String("bpffs-root"))
+		root, err := pinRoot(c)
+		if err != nil {
+			return err
+		}
+		if check != nil {
+			if err := check(c); err != nil {
+				return err
+			}
+		} else if err := noArgs(c); err != nil {
+			return err
+		}
+		dp, err := inspect.Open(root)
 		if err != nil {
 			return err
 		}
 		defer dp.Maps().Close()
-		return fn(c, dp, format == "json")
+		return fn(c, root, dp, asJSON)
 	}
 }
 
@@ -47,16 +69,41 @@ func writeJSON(w io.Writer, v any) error {
 
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
 
+func plural(n uint64, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
 func detachCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "detach",
 		Usage: "detach the datapath from every interface and remove its pins (flows are forgotten)",
 		Flags: []cli.Flag{bpffsFlag()},
 		Action: func(c *cli.Context) error {
-			if err := loader.Detach(c.String("bpffs-root")); err != nil {
+			root, err := pinRoot(c)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintln(c.App.Writer, "detached; pins removed from", loader.Dir(c.String("bpffs-root")))
+			if err := noArgs(c); err != nil {
+				return err
+			}
+			links, err := inspect.LinkNames(root)
+			if err != nil {
+				return err
+			}
+			if err := loader.Detach(root); err != nil {
+				return err
+			}
+			for _, a := range links {
+				if a.Hook == "cgroup" {
+					fmt.Fprintf(c.App.Writer, "detached cgroup %s from the host's sockets\n", a.Mode)
+					continue
+				}
+				fmt.Fprintf(c.App.Writer, "detached %s from %s\n", a.Hook, a.Interface)
+			}
+			fmt.Fprintln(c.App.Writer, "pins removed from", loader.Dir(root))
 			return nil
 		},
 	}
@@ -67,8 +114,8 @@ func statusCommand() *cli.Command {
 		Name:  "status",
 		Usage: "interfaces and programs, map occupancy, the agent's last sync, counters",
 		Flags: []cli.Flag{bpffsFlag(), outputFlag()},
-		Action: inspectAction(func(c *cli.Context, dp *dataplane.Dataplane, asJSON bool) error {
-			st, err := inspect.GetStatus(c.String("bpffs-root"), dp)
+		Action: inspectAction(nil, func(c *cli.Context, root string, dp *dataplane.Dataplane, asJSON bool) error {
+			st, err := inspect.GetStatus(root, dp)
 			if err != nil {
 				return err
 			}
@@ -76,7 +123,7 @@ func statusCommand() *cli.Command {
 				return writeJSON(c.App.Writer, st)
 			}
 			w := c.App.Writer
-			fmt.Fprintf(w, "Pins:     %s\n", st.PinDir)
+			fmt.Fprintf(w, "Pins:      %s\n", st.PinDir)
 			agent := "never ran"
 			if st.AgentPID != 0 {
 				state := "not running"
@@ -84,17 +131,32 @@ func statusCommand() *cli.Command {
 					state = "running"
 				}
 				agent = fmt.Sprintf("pid %d (%s)", st.AgentPID, state)
+				if st.Started != nil {
+					agent += ", started " + st.Started.UTC().Format(time.RFC3339)
+				}
 			}
-			fmt.Fprintf(w, "Agent:    %s\n", agent)
+			fmt.Fprintf(w, "Agent:     %s\n", agent)
 			if st.LastSync != nil {
-				fmt.Fprintf(w, "Sync:     last %s (%s ago), %d syncs, %d service ports, %d problems\n",
-					st.LastSync.UTC().Format(time.RFC3339), time.Since(*st.LastSync).Round(time.Second), st.Syncs, st.Services, st.Problems)
+				fmt.Fprintf(w, "Last sync: %s (%s ago), %s, %s, %s\n",
+					st.LastSync.UTC().Format(time.RFC3339), time.Since(*st.LastSync).Round(time.Second),
+					plural(st.Syncs, "sync", "syncs"), plural(uint64(st.Services), "service port", "service ports"),
+					plural(uint64(st.Problems), "problem", "problems"))
 			}
+			d := st.Datapath
+			fmt.Fprintf(w, "Datapath:  hash seed %#x, SNAT ports %s, idle timeouts: TCP established %s, TCP transient %s, UDP %s\n",
+				d.HashSeed, d.SNATPorts, d.TCPEstablishedTimeout, d.TCPTransientTimeout, d.UDPTimeout)
 			fmt.Fprintln(w)
 			tw := table(w)
-			fmt.Fprintln(tw, "INTERFACE\tHOOK\tMODE\tPROGRAM")
+			fmt.Fprintln(tw, "INTERFACE\tHOOK\tMODE\tPROGRAM\tID\tBUILD")
 			for _, a := range st.Attachments {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s (id %d)\n", a.Interface, a.Hook, a.Mode, a.Program, a.ProgramID)
+				build := "this binary"
+				if !a.ThisBuild {
+					build = "another build"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", a.Interface, a.Hook, a.Mode, a.Program, a.ProgramID, build)
+			}
+			if len(st.Attachments) == 0 {
+				fmt.Fprintln(tw, "(none)\t\t\t\t\t")
 			}
 			tw.Flush()
 			fmt.Fprintln(w)
@@ -123,12 +185,15 @@ func servicesCommand() *cli.Command {
 		Name:  "services",
 		Usage: "frontends, their service ports and backends (with Maglev slots and states)",
 		Flags: []cli.Flag{bpffsFlag(), outputFlag()},
-		Action: inspectAction(func(c *cli.Context, dp *dataplane.Dataplane, asJSON bool) error {
+		Action: inspectAction(nil, func(c *cli.Context, _ string, dp *dataplane.Dataplane, asJSON bool) error {
 			items, err := inspect.Services(dp)
 			if err != nil {
 				return err
 			}
 			if asJSON {
+				if items == nil {
+					items = []inspect.Frontend{}
+				}
 				return writeJSON(c.App.Writer, items)
 			}
 			tw := table(c.App.Writer)
@@ -157,11 +222,10 @@ func servicesCommand() *cli.Command {
 					if b.Terminating {
 						state = "terminating"
 					}
-					where := ""
 					if b.Local {
-						where = ",local"
+						state += ",local"
 					}
-					bes = append(bes, fmt.Sprintf("%s (%s%s, %d/%d slots)", b.Address, state, where, b.Slots, f.TableSize))
+					bes = append(bes, fmt.Sprintf("%s (%s, %d/%d slots)", b.Address, state, b.Slots, f.TableSize))
 				}
 				if len(bes) == 0 {
 					bes = []string{"none: " + f.WhenEmpty}
@@ -173,7 +237,40 @@ func servicesCommand() *cli.Command {
 	}
 }
 
+// parseIPv4Flag parses an optional IPv4 address flag.
+func parseIPv4Flag(c *cli.Context, name string) (netip.Addr, error) {
+	v := c.String(name)
+	if v == "" {
+		return netip.Addr{}, nil
+	}
+	ip, err := netip.ParseAddr(v)
+	if err != nil || !ip.Is4() {
+		return netip.Addr{}, flagError(name, v, "not an IPv4 address")
+	}
+	return ip, nil
+}
+
 func conntrackCommand() *cli.Command {
+	var f inspect.FlowFilter
+	check := func(c *cli.Context) error {
+		if err := noArgs(c); err != nil {
+			return err
+		}
+		f.Service = c.String("service")
+		var err error
+		if f.Client, err = parseIPv4Flag(c, "client"); err != nil {
+			return err
+		}
+		if f.Backend, err = parseIPv4Flag(c, "backend"); err != nil {
+			return err
+		}
+		if v := c.String("proto"); v != "" {
+			if f.Proto, err = inspect.ParseProto(v); err != nil {
+				return flagError("proto", v, "unknown protocol")
+			}
+		}
+		return nil
+	}
 	return &cli.Command{
 		Name:  "conntrack",
 		Usage: "tracked flows, optionally filtered",
@@ -183,40 +280,25 @@ func conntrackCommand() *cli.Command {
 			&cli.StringFlag{Name: "backend", Usage: "backend IP"},
 			&cli.StringFlag{Name: "proto", Usage: "tcp or udp"},
 		},
-		Action: inspectAction(func(c *cli.Context, dp *dataplane.Dataplane, asJSON bool) error {
-			var f inspect.FlowFilter
-			f.Service = c.String("service")
-			for _, a := range []struct {
-				flag string
-				dst  *netip.Addr
-			}{{"client", &f.Client}, {"backend", &f.Backend}} {
-				if v := c.String(a.flag); v != "" {
-					ip, err := netip.ParseAddr(v)
-					if err != nil || !ip.Is4() {
-						return usageError("--%s %q: want an IPv4 address", a.flag, v)
-					}
-					*a.dst = ip
-				}
-			}
-			if v := c.String("proto"); v != "" {
-				p, err := inspect.ParseProto(v)
-				if err != nil {
-					return usageError("--proto %q: allowed values are tcp, udp", v)
-				}
-				f.Proto = p
-			}
+		Action: inspectAction(check, func(c *cli.Context, _ string, dp *dataplane.Dataplane, asJSON bool) error {
 			flows, total, err := inspect.Conntrack(dp, f)
 			if err != nil {
 				return err
 			}
 			if asJSON {
+				if flows == nil {
+					flows = []inspect.Flow{}
+				}
 				return writeJSON(c.App.Writer, struct {
 					Total   int            `json:"total"`
 					Matched int            `json:"matched"`
 					Flows   []inspect.Flow `json:"flows"`
 				}{total, len(flows), flows})
 			}
-			fmt.Fprintf(c.App.Writer, "%d flows tracked, %d shown\n", total, len(flows))
+			fmt.Fprintf(c.App.Writer, "%s tracked, %d shown\n", plural(uint64(total), "flow", "flows"), len(flows))
+			if len(flows) == 0 {
+				return nil
+			}
 			tw := table(c.App.Writer)
 			fmt.Fprintln(tw, "PROTO\tCLIENT\tFRONTEND\tBACKEND\tSNAT\tSTATE\tAGE\tIDLE\tSERVICE")
 			for _, fl := range flows {
@@ -233,104 +315,140 @@ func conntrackCommand() *cli.Command {
 }
 
 func lookupCommand() *cli.Command {
+	var proto uint8
+	var src, dst netip.AddrPort
+	check := func(c *cli.Context) error {
+		if err := noArgs(c); err != nil {
+			return err
+		}
+		var err error
+		if proto, err = inspect.ParseProto(c.String("proto")); err != nil {
+			return flagError("proto", c.String("proto"), "unknown protocol")
+		}
+		for _, a := range []struct {
+			name string
+			dst  *netip.AddrPort
+		}{{"src", &src}, {"dst", &dst}} {
+			v := c.String(a.name)
+			if v == "" {
+				return missingFlag(a.name)
+			}
+			if *a.dst, err = inspect.ParseAddrPort(v); err != nil {
+				return flagError(a.name, v, "not an IPv4 address and port")
+			}
+		}
+		return nil
+	}
 	return &cli.Command{
 		Name:  "lookup",
 		Usage: "which backend a new flow would get and why, and whether the flow is tracked now",
 		Flags: []cli.Flag{bpffsFlag(), outputFlag(),
 			&cli.StringFlag{Name: "proto", Value: "tcp", Usage: "tcp or udp"},
-			&cli.StringFlag{Name: "src", Required: true, Usage: "client IP:PORT"},
-			&cli.StringFlag{Name: "dst", Required: true, Usage: "frontend IP:PORT"},
+			&cli.StringFlag{Name: "src", Usage: "client IP:PORT (required)"},
+			&cli.StringFlag{Name: "dst", Usage: "frontend IP:PORT (required)"},
 		},
-		Action: func(c *cli.Context) error {
-			proto, err := inspect.ParseProto(c.String("proto"))
+		Action: inspectAction(check, func(c *cli.Context, _ string, dp *dataplane.Dataplane, asJSON bool) error {
+			l, err := inspect.LookupFlow(dp, proto, src, dst)
 			if err != nil {
-				return usageError("--proto %q: allowed values are tcp, udp", c.String("proto"))
+				return err
 			}
-			src, err := inspect.ParseAddrPort(c.String("src"))
-			if err != nil {
-				return usageError("--src %v", err)
+			if asJSON {
+				return writeJSON(c.App.Writer, l)
 			}
-			dst, err := inspect.ParseAddrPort(c.String("dst"))
-			if err != nil {
-				return usageError("--dst %v", err)
+			w := c.App.Writer
+			fmt.Fprintf(w, "frontend: %s\n", l.Frontend)
+			if l.Service != "" {
+				fmt.Fprintf(w, "service:  %s\n", l.Service)
 			}
-			return inspectAction(func(c *cli.Context, dp *dataplane.Dataplane, asJSON bool) error {
-				l, err := inspect.LookupFlow(dp, proto, src, dst)
-				if err != nil {
-					return err
+			fmt.Fprintf(w, "verdict:  %s\n", l.Verdict)
+			if l.Backend != "" {
+				snat := ""
+				if l.SNAT {
+					snat = " (SNAT to the node address)"
 				}
-				if asJSON {
-					return writeJSON(c.App.Writer, l)
+				fmt.Fprintf(w, "backend:  %s, id %d%s\n", l.Backend, l.BackendID, snat)
+			}
+			if l.TableSize > 0 {
+				fmt.Fprintf(w, "maglev:   hash %#08x -> slot %d of %d\n", l.Hash, l.Slot, l.TableSize)
+			}
+			fmt.Fprintf(w, "why:      %s\n", l.Reason)
+			if t := l.Tracked; t != nil {
+				nat := ""
+				if t.NAT != "" {
+					nat = ", SNAT " + t.NAT
 				}
-				w := c.App.Writer
-				fmt.Fprintf(w, "frontend: %s\n", l.Frontend)
-				if l.Service != "" {
-					fmt.Fprintf(w, "service:  %s\n", l.Service)
+				fmt.Fprintf(w, "tracked:  yes, to %s (%s%s, age %ds, idle %ds)", t.Backend, t.State, nat, t.AgeSec, t.IdleSec)
+				if !t.Usable {
+					fmt.Fprintf(w, ", %s", t.Stale)
 				}
-				fmt.Fprintf(w, "verdict:  %s\n", l.Verdict)
-				if l.Backend != "" {
-					snat := ""
-					if l.SNAT {
-						snat = " (SNAT to the node address)"
-					}
-					fmt.Fprintf(w, "backend:  %s%s\n", l.Backend, snat)
-				}
-				if l.TableSize > 0 {
-					fmt.Fprintf(w, "maglev:   hash %#08x -> slot %d of %d -> backend id %d\n", l.Hash, l.Slot, l.TableSize, l.BackendID)
-				}
-				fmt.Fprintf(w, "why:      %s\n", l.Reason)
-				if l.Tracked != nil {
-					fmt.Fprintf(w, "tracked:  yes, to %s (%s)\n", l.Tracked.Backend, l.Tracked.State)
-				} else {
-					fmt.Fprintln(w, "tracked:  no")
-				}
-				return nil
-			})(c)
-		},
+				fmt.Fprintln(w)
+			} else {
+				fmt.Fprintln(w, "tracked:  no")
+			}
+			return nil
+		}),
 	}
 }
 
 func maglevCommand() *cli.Command {
+	check := func(c *cli.Context) error {
+		switch {
+		case c.NArg() == 0:
+			return usageError("maglev: missing SERVICE argument (namespace/name, or a service port key namespace/name:port/PROTO)")
+		case c.NArg() > 1:
+			return usageError("maglev: want one SERVICE argument, got %d %q; flags go before it: xdplb maglev -o json %s",
+				c.NArg(), c.Args().Slice(), c.Args().First())
+		}
+		return nil
+	}
 	return &cli.Command{
 		Name:      "maglev",
 		Usage:     "a service port's Maglev table: slots per backend and balance",
 		ArgsUsage: "SERVICE (namespace/name, or a service port key)",
 		Flags:     []cli.Flag{bpffsFlag(), outputFlag()},
-		Action: func(c *cli.Context) error {
-			if c.NArg() != 1 {
-				return usageError("maglev: want exactly one SERVICE argument (namespace/name)")
-			}
+		Action: inspectAction(check, func(c *cli.Context, _ string, dp *dataplane.Dataplane, asJSON bool) error {
 			name := c.Args().First()
-			return inspectAction(func(c *cli.Context, dp *dataplane.Dataplane, asJSON bool) error {
-				reports, err := inspect.Tables(dp, name)
+			reports, err := inspect.Tables(dp, name)
+			if err != nil {
+				return err
+			}
+			if len(reports) == 0 {
+				items, err := inspect.Services(dp)
 				if err != nil {
 					return err
 				}
-				if len(reports) == 0 {
-					return cli.Exit(fmt.Sprintf("no Maglev table for %q (unknown service, or no usable endpoints)", name), 1)
-				}
-				if asJSON {
-					return writeJSON(c.App.Writer, reports)
-				}
-				for i, r := range reports {
-					if i > 0 {
-						fmt.Fprintln(c.App.Writer)
+				for _, f := range items {
+					if inspect.MatchService(f.Service, name) {
+						what := map[string]string{"drop": "dropped", "reject": "refused"}[f.WhenEmpty]
+						return fmt.Errorf("%s has no Maglev table: no usable endpoints, new connections are %s", f.Service, what)
 					}
-					fmt.Fprintf(c.App.Writer, "%s: table %d, %d slots, balance %.3f (max/mean)\nfrontends: %s\n",
-						r.Service, r.TableID, r.Size, r.Balance, strings.Join(r.Frontends, ", "))
-					tw := table(c.App.Writer)
-					fmt.Fprintln(tw, "BACKEND\tID\tSLOTS\tSHARE\tSTATE")
-					for _, b := range r.Backends {
-						state := "active"
-						if b.Terminating {
-							state = "terminating"
-						}
-						fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f%%\t%s\n", b.Address, b.ID, b.Slots, 100*float64(b.Slots)/float64(r.Size), state)
-					}
-					tw.Flush()
 				}
-				return nil
-			})(c)
-		},
+				return fmt.Errorf("no service port matches %q (see xdplb services)", name)
+			}
+			if asJSON {
+				return writeJSON(c.App.Writer, reports)
+			}
+			for i, r := range reports {
+				if i > 0 {
+					fmt.Fprintln(c.App.Writer)
+				}
+				fmt.Fprintf(c.App.Writer, "%s: table %d, %d slots, balance %.3f (max/mean)\nfrontends: %s\n",
+					r.Service, r.TableID, r.Size, r.Balance, strings.Join(r.Frontends, ", "))
+				tw := table(c.App.Writer)
+				fmt.Fprintln(tw, "BACKEND\tID\tSLOTS\tSHARE\tSTATE")
+				for _, b := range r.Backends {
+					state := "active"
+					if b.Terminating {
+						state = "terminating"
+					}
+					if b.Local {
+						state += ",local"
+					}
+					fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f%%\t%s\n", b.Address, b.ID, b.Slots, 100*float64(b.Slots)/float64(r.Size), state)
+				}
+				tw.Flush()
+			}
+			return nil
+		}),
 	}
 }

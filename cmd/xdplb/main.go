@@ -7,10 +7,13 @@
 //	xdplb conntrack  tracked flows
 //	xdplb lookup     which backend a new flow would get, and why
 //	xdplb maglev     a service port's Maglev table
-//	xdplb version
+//	xdplb version    versions of the binary, Go and the BPF programs
 //
 // The tools read the pinned maps, so they work while an agent runs and
 // after it stopped.
+//
+// Exit codes: 0 success, 1 failure, 2 invalid usage (a bad flag, value or
+// argument; nothing was attached, pinned or changed).
 package main
 
 import (
@@ -20,39 +23,73 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
 )
 
-// Set at build time with -ldflags "-X main.version=...".
+// Set at build time with -ldflags "-X main.version=..."; see versionInfo for
+// what is used otherwise.
 var version = "dev"
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
 
 func main() {
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
 }
 
 // run executes the command line and returns the exit code: 0 on success,
-// 2 for invalid usage (nothing was attached or changed), 1 otherwise.
+// 2 for invalid usage (nothing was attached or changed), 1 otherwise. The
+// agent runs until SIGTERM or SIGINT.
 func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	return runContext(ctx, args, stdout, stderr)
+}
+
+// runContext is run with the agent running until ctx ends.
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	if err := app.RunContext(ctx, args); err != nil {
-		var exit cli.ExitCoder
-		if errors.As(err, &exit) {
-			if msg := err.Error(); msg != "" {
-				fmt.Fprintln(stderr, "xdplb:", msg)
-			}
-			return exit.ExitCode()
-		}
-		fmt.Fprintln(stderr, "xdplb:", err)
-		return 1
+	err := app.RunContext(ctx, args)
+	if err == nil {
+		return exitOK
 	}
-	return 0
+	code := exitFailure
+	var exit cli.ExitCoder
+	if errors.As(err, &exit) {
+		code = exit.ExitCode()
+	}
+	// One line: the first line of a multi-line error is the summary, the
+	// rest (a verifier log, say) follows indented.
+	if msg := strings.TrimRight(err.Error(), "\n"); msg != "" {
+		fmt.Fprintln(stderr, "xdplb:", strings.ReplaceAll(msg, "\n", "\n  "))
+	}
+	return code
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {
+	commands := []*cli.Command{
+		agentCommand(),
+		detachCommand(),
+		statusCommand(),
+		servicesCommand(),
+		conntrackCommand(),
+		lookupCommand(),
+		maglevCommand(),
+		versionCommand(),
+	}
+	var names []string
+	for _, c := range commands {
+		c.HideHelpCommand = true
+		c.OnUsageError = onUsageError
+		names = append(names, c.Name)
+	}
 	return &cli.App{
 		Name:      "xdplb",
 		Usage:     "a Kubernetes Service datapath for edge nodes (XDP + Maglev)",
@@ -60,31 +97,29 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Writer:    stdout,
 		ErrWriter: stderr,
 		// Usage errors exit 2 with a message, before anything happens.
-		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {
-			return cli.Exit(err.Error(), 2)
-		},
+		OnUsageError:   onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {},
-		Commands: []*cli.Command{
-			agentCommand(),
-			detachCommand(),
-			statusCommand(),
-			servicesCommand(),
-			conntrackCommand(),
-			lookupCommand(),
-			maglevCommand(),
-			{
-				Name:  "version",
-				Usage: "print the version",
-				Action: func(c *cli.Context) error {
-					fmt.Fprintf(c.App.Writer, "xdplb %s (datapath schema %s)\n", version, schemaVersion())
-					return nil
-				},
-			},
+		Commands:       commands,
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usageError("unknown command %q; commands: %s (see xdplb --help)", c.Args().First(), strings.Join(names, ", "))
+			}
+			cli.ShowAppHelp(c)
+			return usageError("")
 		},
 	}
 }
 
-// usageError is an invalid flag value: exit code 2.
+// usageError is invalid usage: exit code 2.
 func usageError(format string, args ...any) error {
-	return cli.Exit(fmt.Sprintf(format, args...), 2)
+	return cli.Exit(fmt.Sprintf(format, args...), exitUsage)
+}
+
+// noArgs rejects positional arguments of a command that takes none.
+func noArgs(c *cli.Context) error {
+	if c.NArg() == 0 {
+		return nil
+	}
+	return usageError("%s: unexpected argument %q: this command takes flags only (see xdplb %s --help)",
+		c.Command.Name, c.Args().First(), c.Command.Name)
 }

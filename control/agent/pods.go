@@ -63,7 +63,7 @@ func (a *Agent) watchPods(ctx context.Context) {
 	for _, l := range links {
 		name := l.Attrs().Name
 		present[name] = true
-		if a.isPodInterface(name) {
+		if a.isPodInterface(name) && !isBridge(l) {
 			a.attachPod(name, l.Attrs().Index, attached)
 		}
 	}
@@ -88,7 +88,7 @@ func (a *Agent) watchPods(ctx context.Context) {
 				return
 			}
 			name := u.Attrs().Name
-			if !a.isPodInterface(name) {
+			if !a.isPodInterface(name) || isBridge(u.Link) {
 				continue
 			}
 			switch u.Header.Type {
@@ -118,4 +118,11 @@ func (a *Agent) forgetPod(name string, attached map[string]int) {
 	}
 	delete(attached, name)
 	a.log.Debug("pod interface gone", "interface", name)
+}
+
+// isBridge tells a bridge (the pods' gateway in bridge-based CNIs) from a
+// pod's own interface: traffic leaving pods is seen on their ports, not on
+// the bridge, so the bridge is never attached even when a pattern matches.
+func isBridge(l netlink.Link) bool {
+	return l != nil && l.Type() == "bridge"
 }

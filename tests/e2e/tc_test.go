@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"net"
 	"strings"
@@ -268,5 +269,31 @@ func TestPacketsWithIPOptionsAreServed(t *testing.T) {
 	out := s.cli("status", "-o", "json")
 	if !strings.Contains(out, `"pass_ip_options"`) || !strings.Contains(out, `"tc_redirect"`) {
 		t.Errorf("status shows no IP-options packets handed to and served by TC:\n%s", out)
+	}
+}
+
+// Replies of local backends are larger than the headers the TC program
+// pulls into the linear part of the skb; they must be translated too.
+func TestLocalBackendUnderClusterPolicyAnswersHTTP(t *testing.T) {
+	s := newSandbox(t, 2, 1)
+	s.write(shop(append(s.pods, s.local...)...))
+	s.startAgent()
+	tried := 0
+	for port := 42000; port < 42100 && tried < 3; port++ {
+		want := s.lookup("tcp", addr(topology.ClientAddr, port), addr(lbIP, 80))
+		if podByAddr(s.local, want.Backend) == nil {
+			continue
+		}
+		tried++
+		got, err := s.topo.HTTPGetFrom(context.Background(), addr(lbIP, 80), port)
+		if err != nil {
+			t.Fatalf("HTTP from port %d to the local backend: %v", port, err)
+		}
+		if got != s.local[0].Name {
+			t.Fatalf("HTTP from port %d reached %s, lookup said %s", port, got, want.Backend)
+		}
+	}
+	if tried == 0 {
+		t.Fatal("no client port hashed to the local backend")
 	}
 }

@@ -58,6 +58,9 @@ static __always_inline __u8 tcp_flags_of(struct tcphdr *tcp)
 enum parse_flags {
 	PARSE_F_OPTIONS = 1 << 0,   /* IPv4 options: parse past them */
 	PARSE_F_FRAGMENTS = 1 << 1, /* a first fragment is parsed like a whole datagram */
+	/* An skb: only the headers are linear, data_end is not the end of the
+	 * packet; pkt->len holds the packet's real length on entry. */
+	PARSE_F_SKB = 1 << 2,
 };
 
 /*
@@ -73,7 +76,8 @@ static __always_inline enum parse_result parse_packet_flags(void *data, void *da
 
 	pkt->data = data;
 	pkt->data_end = data_end;
-	pkt->len = data_end - data;
+	if (!(flags & PARSE_F_SKB))
+		pkt->len = data_end - data;
 	pkt->tcp_flags = 0;
 	pkt->sport = 0;
 	pkt->dport = 0;
@@ -105,7 +109,10 @@ static __always_inline enum parse_result parse_packet_flags(void *data, void *da
 	pkt->proto = ip->protocol;
 	pkt->l4_off = sizeof(*eth) + hlen;
 	/* tot_len must cover the headers and fit the frame (padding allowed). */
-	if (pkt->tot_len < hlen || (void *)ip + pkt->tot_len > data_end)
+	if (pkt->tot_len < hlen)
+		return PARSE_MALFORMED;
+	if ((flags & PARSE_F_SKB) ? sizeof(*eth) + pkt->tot_len > pkt->len
+				  : (void *)ip + pkt->tot_len > data_end)
 		return PARSE_MALFORMED;
 	if (pkt->frag_off & (IP_MF | IP_OFFSET)) {
 		/* Only a first fragment carries the L4 header. */

@@ -27,7 +27,9 @@ static __always_inline enum parse_result skb_parse(struct __sk_buff *skb, struct
 	/* Make the headers linear for direct access (fails only on
 	 * memory pressure; the parse below then reports them missing). */
 	bpf_skb_pull_data(skb, want);
-	return parse_packet_flags((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, flags);
+	pkt->len = skb->len;
+	return parse_packet_flags((void *)(long)skb->data, (void *)(long)skb->data_end, pkt,
+				  flags | PARSE_F_SKB);
 }
 
 static __always_inline __u32 l4_csum_off(const struct packet *pkt)
