@@ -288,3 +288,37 @@ func (d *Datapath) RefreshInterface(ifname string) error {
 	}
 	return d.registerInterface(dev)
 }
+
+// NICAttached reports whether an earlier agent left the datapath attached
+// to the interface (a pinned XDP or TC link).
+func NICAttached(pinRoot, ifname string) bool {
+	for _, p := range []string{
+		xdpLinkPath(pinRoot, XDPNative, ifname),
+		xdpLinkPath(pinRoot, XDPGeneric, ifname),
+		tcLinkPath(pinRoot, ifname),
+	} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// DetachNIC removes the XDP and TC programs of the datapath from one
+// interface (undoing AttachNIC).
+func (d *Datapath) DetachNIC(ifname string) error {
+	var errs []error
+	errs = append(errs, d.detachXDP(ifname))
+	path := tcLinkPath(d.opts.PinRoot, ifname)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		errs = append(errs, l.Unpin())
+		l.Close()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if dev, err := netlink.LinkByName(ifname); err == nil {
+		d.Maps.TxPorts.Delete(uint32(dev.Attrs().Index))
+		errs = append(errs, detachClsact(dev.Attrs().Index))
+	}
+	return errors.Join(errs...)
+}

@@ -80,3 +80,16 @@ func netnsCookie() uint64 {
 	}
 	return cookie
 }
+
+// FindCgroup2Root returns where the cgroup v2 hierarchy is mounted: the
+// unified /sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid systems;
+// "" when neither is.
+func FindCgroup2Root() string {
+	for _, p := range []string{DefaultCgroupRoot, filepath.Join(DefaultCgroupRoot, "unified")} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return p
+		}
+	}
+	return ""
+}

@@ -79,8 +79,8 @@ func agentFlags() []cli.Flag {
 			Usage: "handle only Services whose service.kubernetes.io/service-proxy-name label has this value"},
 		&cli.StringFlag{Name: "pod-interfaces", Value: "veth*,lxc*,cali*,azv*,eni*,gke*", EnvVars: env("pod-interfaces"),
 			Usage: "name patterns of host-side pod interfaces"},
-		&cli.StringFlag{Name: "cgroup-root", EnvVars: env("cgroup-root"), DefaultText: "none: off",
-			Usage: "cgroup v2 directory whose processes reach services through socket programs (normally " + loader.DefaultCgroupRoot + ", all of the node's)"},
+		&cli.StringFlag{Name: "cgroup-root", Value: "auto", EnvVars: env("cgroup-root"),
+			Usage: "cgroup v2 directory whose processes reach services through socket programs; \"auto\" finds the root of the node's hierarchy, \"off\" disables"},
 		&cli.DurationFlag{Name: "min-sync-period", Value: 10 * time.Millisecond, EnvVars: env("min-sync-period"),
 			Usage: "least time between two syncs: bursts of changes are applied together"},
 		&cli.DurationFlag{Name: "sync-period", Value: time.Minute, EnvVars: env("sync-period"),
@@ -343,7 +343,14 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 			return cfg, flagError("pod-interfaces", p, "not a valid pattern")
 		}
 	}
-	if cfg.CgroupRoot != "" {
+	switch cfg.CgroupRoot {
+	case "off", "":
+		cfg.CgroupRoot = ""
+	case "auto":
+		// "" when the node has no cgroup v2 hierarchy: the agent warns.
+		cfg.CgroupRoot = loader.FindCgroup2Root()
+		cfg.CgroupAuto = true
+	default:
 		var st unix.Statfs_t
 		if !filepath.IsAbs(cfg.CgroupRoot) {
 			return cfg, flagError("cgroup-root", cfg.CgroupRoot, "not an absolute path")

@@ -69,7 +69,7 @@ var allowed = map[string]string{
 	"healthz-bind-address":    "IP:PORT or :PORT, different from --metrics-bind-address; empty turns it off",
 	"service-proxy-name":      "a label value: up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit; or empty",
 	"pod-interfaces":          "comma-separated interface name patterns (*, ?, [...])",
-	"cgroup-root":             "an absolute path to a cgroup v2 directory; empty turns it off",
+	"cgroup-root":             "auto, off, or an absolute path to a cgroup v2 directory",
 	"min-sync-period":         "0 to 1m " + goDuration,
 	"sync-period":             "1s to 24h " + goDuration,
 	"log-level":               "debug, info, warn, error",

@@ -417,7 +417,7 @@ func TestValidFlagsAttach(t *testing.T) {
 	dir := t.TempDir()
 	root := t.TempDir()
 	cleanupRoot(t, ns, root)
-	r := runIn(t, ns, flagCase{}.args(root, filepath.Join(dir, "services.yaml"))...)
+	r := runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, filepath.Join(dir, "services.yaml"))...)
 	if r.code != exitOK || len(*started) != 1 {
 		t.Fatalf("exit code %d (agent started %d times)\nstderr: %s", r.code, len(*started), r.stderr)
 	}

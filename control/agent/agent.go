@@ -77,12 +77,15 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		dp.Close()
 		return nil, err
 	}
-	if cfg.CgroupRoot != "" {
+	switch {
+	case cfg.CgroupRoot != "":
 		if err := dp.AttachHostSockets(cfg.CgroupRoot); err != nil {
 			dp.Close()
 			return nil, err
 		}
 		log.Info("host sockets reach services", "cgroup", cfg.CgroupRoot)
+	case cfg.CgroupAuto:
+		log.Warn("no cgroup v2 hierarchy found: the node's own processes will not reach services (see --cgroup-root)")
 	}
 	a, err := assemble(cfg, log, src, dp)
 	if err != nil {
@@ -144,12 +147,27 @@ func newSource(cfg Config, log *slog.Logger) (source.Source, error) {
 	}, log), nil
 }
 
-// attach attaches the datapath to every interface.
+// attach attaches the datapath to every interface. If one fails, the
+// interfaces this call attached afresh are detached again; those an
+// earlier agent had attached keep running as they were.
 func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) error {
+	var fresh []string
 	for _, ifname := range cfg.Interfaces {
+		wasAttached := loader.NICAttached(cfg.Datapath.PinRoot, ifname)
 		att, err := dp.AttachNIC(ifname, cfg.XDPMode)
 		if err != nil {
+			if !wasAttached {
+				fresh = append(fresh, ifname)
+			}
+			for _, name := range fresh {
+				if derr := dp.DetachNIC(name); derr != nil {
+					log.Warn("undo attach", "interface", name, "error", derr)
+				}
+			}
 			return err
+		}
+		if !wasAttached {
+			fresh = append(fresh, ifname)
 		}
 		log.Info("datapath attached", "interface", att.Interface, "xdp_mode", att.Mode,
 			"tc", att.TCMode, "xdp_prog_id", att.XDPProgID, "tc_prog_id", att.TCProgID)

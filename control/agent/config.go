@@ -44,6 +44,9 @@ type Config struct {
 	// CgroupRoot is the cgroup v2 directory whose processes (normally all:
 	// the root) reach services through the socket programs; "" disables.
 	CgroupRoot string
+	// CgroupAuto records that CgroupRoot was looked for (and is "" when
+	// none was found, which the agent reports).
+	CgroupAuto bool
 
 	// MinSyncPeriod coalesces bursts of changes: syncs start at most this
 	// often. SyncPeriod is the interval of a full resync without changes.

@@ -50,7 +50,11 @@ func reserveSNATPorts(lo, hi uint16, log *slog.Logger) error {
 		next = have + "," + mine
 	}
 	if err := os.WriteFile(localReservedPort, []byte(next), 0o644); err != nil {
-		return fmt.Errorf("reserve SNAT ports %s in %s: %w", mine, localReservedPort, err)
+		// A container usually sees /proc/sys read-only: the node must
+		// reserve the range itself (see deploy/: an init container does).
+		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports: "+
+			"host connections may collide with translated flows", "ports", mine, "error", err)
+		return nil
 	}
 	log.Info("SNAT ports reserved from the host's ephemeral range", "ports", mine,
 		"ip_local_port_range", strings.TrimSpace(string(raw)))

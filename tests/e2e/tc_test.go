@@ -297,3 +297,43 @@ func TestLocalBackendUnderClusterPolicyAnswersHTTP(t *testing.T) {
 		t.Fatal("no client port hashed to the local backend")
 	}
 }
+
+func TestHostReachesServices(t *testing.T) {
+	s := newSandbox(t, 1, 1)
+	svc := shop(s.pods...)
+	s.write(svc, lines("host-local", "10.96.1.10", s.local[0]), lines("host-empty", "10.96.1.11"))
+	s.startAgent()
+	if _, err := topology.DialFrom(s.topo.Edge.NS, "10.96.1.11:9000", 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("host -> a service without endpoints: %v, want connection refused", err)
+	}
+	for _, target := range []struct {
+		addr string
+		want []*topology.Pod
+	}{
+		{"10.96.1.10:9000", s.local},             // ClusterIP, local backend
+		{"10.96.0.11:9000", s.pods},              // ClusterIP, remote backend
+		{addr(topology.EdgeAddr, 30082), s.pods}, // the node's own NodePort
+		{addr(lbIP, 9000), s.pods},               // a LoadBalancer IP
+	} {
+		c, err := topology.OpenLineFrom(s.topo.Edge.NS, target.addr)
+		if err != nil {
+			t.Fatalf("host -> %s: %v", target.addr, err)
+		}
+		name, err := c.Ask()
+		peer := c.RemoteAddr()
+		c.Close()
+		if err != nil {
+			t.Fatalf("host -> %s: %v", target.addr, err)
+		}
+		if podByName(target.want, name) == nil {
+			t.Errorf("host -> %s reached %q", target.addr, name)
+		}
+		if peer != target.addr {
+			t.Errorf("host -> %s: the socket's peer is %s; it must stay the service address", target.addr, peer)
+		}
+	}
+	a, err := topology.UDPAsk(s.topo.Edge.NS, addr(lbIP, 53), []byte("q"))
+	if err != nil || podByName(s.pods, a.Name) == nil {
+		t.Fatalf("host UDP -> %s: %+v %v", addr(lbIP, 53), a, err)
+	}
+}

@@ -32,7 +32,7 @@ func (t *Topology) StartAgent(ctx context.Context, n *Node, binary, logPath stri
 	}
 	a := &Agent{node: n, LogPath: logPath, done: make(chan error, 1), Healthz: "127.0.0.1:10256"}
 	full := append([]string{"agent", "--bpffs-root", t.BPFFS, "--healthz-bind-address", a.Healthz,
-		"--metrics-bind-address", "127.0.0.1:10249"}, args...)
+		"--metrics-bind-address", "127.0.0.1:10249", "--cgroup-root", t.Cgroup}, args...)
 	a.cmd = n.Command(binary, full...)
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf
 	if err := a.cmd.Start(); err != nil {

@@ -262,5 +262,8 @@ func (l *LineConn) AskFrom() (name, from string, err error) {
 	return name, from, nil
 }
 
+// RemoteAddr is the connection's peer as the client's socket reports it.
+func (l *LineConn) RemoteAddr() string { return l.c.RemoteAddr().String() }
+
 // Close closes the connection.
 func (l *LineConn) Close() error { return l.c.Close() }

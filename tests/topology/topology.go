@@ -67,6 +67,9 @@ type Topology struct {
 	Pods   []*Pod
 	// BPFFS is a private bpffs mount for the edge node's pins.
 	BPFFS string
+	// Cgroup is a mount of the cgroup v2 hierarchy outside /sys (which
+	// `ip netns exec` hides) for the agent's socket programs.
+	Cgroup string
 
 	all      []*netns.NS
 	baseline *xdp.BaselineObjects
@@ -199,6 +202,14 @@ func New(ctx context.Context) (t *Topology, err error) {
 		t.BPFFS = ""
 		return nil, fmt.Errorf("mount bpffs: %w", err)
 	}
+	if t.Cgroup, err = os.MkdirTemp("", "xlb-cgroup-"); err != nil {
+		return nil, err
+	}
+	if err := unix.Mount("none", t.Cgroup, "cgroup2", 0, ""); err != nil {
+		os.Remove(t.Cgroup)
+		t.Cgroup = ""
+		return nil, fmt.Errorf("mount cgroup2: %w", err)
+	}
 	return t, ctx.Err()
 }
 
@@ -270,6 +281,13 @@ func (t *Topology) Close() error {
 	if t.baseline != nil {
 		t.baseline.Close()
 		t.baseline = nil
+	}
+	if t.Cgroup != "" {
+		if err := unix.Unmount(t.Cgroup, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", t.Cgroup, err))
+		}
+		os.Remove(t.Cgroup)
+		t.Cgroup = ""
 	}
 	if t.BPFFS != "" {
 		if err := unix.Unmount(t.BPFFS, unix.MNT_DETACH); err != nil {
