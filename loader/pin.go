@@ -70,7 +70,9 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) er
 
 func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
 	log *slog.Logger, why error) error {
-	fresh, err := ebpf.NewMap(ms.Copy())
+	spec := ms.Copy()
+	spec.Pinning = ebpf.PinNone // pinned below, in place of the old one
+	fresh, err := ebpf.NewMap(spec)
 	if err != nil {
 		return fmt.Errorf("recreate map %s: %w", name, err)
 	}

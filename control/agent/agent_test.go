@@ -1,0 +1,82 @@
+package agent
+
+import (
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/xdplb/xdplb/control/model"
+	"github.com/xdplb/xdplb/tests/testenv"
+)
+
+func TestPodInterfacePatterns(t *testing.T) {
+	a := &Agent{cfg: Config{PodInterfaces: "veth*, lxc*,cali?x", Interfaces: []string{"veth-nic"}}}
+	for name, want := range map[string]bool{
+		"veth12ab": true, "lxc0": true, "cali1x": true, "cali12x": false,
+		"eth0": false, "veth-nic": false, // an agent NIC is never a pod interface
+	} {
+		if got := a.isPodInterface(name); got != want {
+			t.Errorf("isPodInterface(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestNodePortsOutsideTheRangeAreSkipped(t *testing.T) {
+	a := &Agent{cfg: Config{NodePortMin: 30000, NodePortMax: 32767}}
+	st := model.State{Services: []model.Service{{
+		Namespace: "ns", Name: "web",
+		Frontends: []model.Frontend{
+			{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Kind: model.ClusterIP},
+			{Addr: netip.MustParseAddr("192.0.2.1"), Port: 30080, Kind: model.NodePort},
+			{Addr: netip.MustParseAddr("192.0.2.1"), Port: 8080, Kind: model.NodePort},
+		},
+	}}}
+	var problems []model.Problem
+	st = a.filterNodePorts(st, &problems)
+	if n := len(st.Services[0].Frontends); n != 2 {
+		t.Fatalf("%d frontends left, want the ClusterIP and NodePort 30080", n)
+	}
+	if len(problems) != 1 || !strings.Contains(problems[0].Message, "node port 8080 outside --nodeport-range") {
+		t.Fatalf("problems %v", problems)
+	}
+}
+
+func TestSNATRangeIsReservedFromEphemeralPorts(t *testing.T) {
+	ns := testenv.NewNetns(t, "sysctl")
+	cases := []struct {
+		name         string
+		lo, hi       uint16
+		ephemeral    string
+		reserved     string
+		wantReserved string
+	}{
+		{"overlap", 40000, 60999, "32768 60999", "", "40000-60999"},
+		{"kept with others", 40000, 60999, "32768 60999", "22", "22,40000-60999"},
+		{"no overlap", 61000, 65535, "32768 60999", "", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ns.Sysctl("net.ipv4.ip_local_port_range", c.ephemeral)
+			ns.Sysctl("net.ipv4.ip_local_reserved_ports", c.reserved)
+			var got string
+			err := ns.Do(func() error {
+				if err := reserveSNATPorts(c.lo, c.hi, discard()); err != nil {
+					return err
+				}
+				b, err := os.ReadFile(localReservedPort)
+				got = strings.TrimSpace(string(b))
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != c.wantReserved {
+				t.Errorf("ip_local_reserved_ports %q, want %q", got, c.wantReserved)
+			}
+		})
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
