@@ -144,7 +144,7 @@ func TestNICTranslatesOptionsAndFragments(t *testing.T) {
 	f := newFixture(t)
 	f.program(udpService())
 	opts := udpFrame(clientAddr, 6001, nodeAddr, 30053, "with options")
-	opts.IPOptions = []byte{0x01, 0x01, 0x01, 0x00} // NOPs and end of list
+	opts.IPOptions = []byte{0x01, 0x01, 0x01, 0x00}       // NOPs and end of list
 	f.expectVerdict(f.run(opts.Bytes(), f.nic0), xdpPass) // XDP leaves it
 	verdict, raw := f.runTC(f.dp.TCProgram(), opts.Bytes(), f.nic0)
 	if verdict != tcActRedirect {
