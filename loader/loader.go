@@ -57,6 +57,15 @@ func (m *Maps) byName() map[string]**ebpf.Map {
 	}
 }
 
+// All returns every map by its C name.
+func (m *Maps) All() map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{}
+	for name, h := range m.byName() {
+		out[name] = *h
+	}
+	return out
+}
+
 // Close releases the file descriptors; pinned maps stay.
 func (m *Maps) Close() error {
 	var errs []error

@@ -284,11 +284,19 @@ func (a *Agent) sync(ctx context.Context) error {
 	node := model.NodeInfo{Name: a.cfg.NodeName, Addresses: a.nodeAddresses(snap), ProxyName: a.cfg.ProxyName}
 	state, problems, changed := a.model.Update(model.Input{Services: snap.Services, Slices: snap.Slices, Node: node})
 	state = a.filterNodePorts(state, &problems)
+
+	var res reconcile.Result
+	var err error
 	if a.needFull {
 		changed = nil
+		res, err = a.rec.Apply(ctx, state)
+	} else {
+		ports := make(map[string]*model.Service, len(changed))
+		for k := range changed {
+			ports[k] = a.model.Port(k)
+		}
+		res, err = a.rec.ApplyChanges(ctx, ports)
 	}
-
-	res, err := a.rec.Apply(ctx, state, changed)
 	if err != nil {
 		a.pending.Add(pending)
 		a.needFull = true
@@ -304,7 +312,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.LastSync.SetToCurrentTime()
 	a.metrics.ServicePorts.Set(float64(len(state.Services)))
 	a.metrics.PendingChanges.Set(float64(a.pending.Load()))
-	a.observeProgramming(state)
+	a.observeProgramming(state, changed)
 	if a.pending.Load() == 0 {
 		a.tracker.Updated()
 	}
@@ -379,22 +387,30 @@ func (a *Agent) logProblems(problems []string) {
 }
 
 // observeProgramming records, for every service port whose endpoints
-// changed since the last sync, how long ago the change was triggered.
-func (a *Agent) observeProgramming(state model.State) {
-	seen := make(map[string]time.Time, len(state.Services))
-	for i := range state.Services {
-		s := &state.Services[i]
-		key := s.Key()
-		t := s.LastChangeTriggerTime
-		seen[key] = t
-		if t.IsZero() || !t.After(a.lastTrigger[key]) {
-			continue
+// changed in this sync (changed: their keys, nil for all), how long ago the
+// change was triggered.
+func (a *Agent) observeProgramming(state model.State, changed map[string]bool) {
+	observe := func(key string, s *model.Service) {
+		if s == nil {
+			delete(a.lastTrigger, key)
+			return
 		}
-		if _, known := a.lastTrigger[key]; known || a.syncs > 0 {
+		t := s.LastChangeTriggerTime
+		prev, known := a.lastTrigger[key]
+		a.lastTrigger[key] = t
+		if !t.IsZero() && t.After(prev) && (known || a.syncs > 0) {
 			a.metrics.ProgrammingDuration.Observe(time.Since(t).Seconds())
 		}
 	}
-	a.lastTrigger = seen
+	if changed == nil {
+		for i := range state.Services {
+			observe(state.Services[i].Key(), &state.Services[i])
+		}
+		return
+	}
+	for k := range changed {
+		observe(k, a.model.Port(k))
+	}
 }
 
 func (a *Agent) syncHealthCheckNodePorts(state model.State) {

@@ -7,21 +7,21 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/control/source"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
@@ -152,6 +152,8 @@ func controlPlaneRun(b *testing.B, n int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -186,7 +188,17 @@ func controlPlaneRun(b *testing.B, n int) {
 	slices.Sort(lat)
 	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
 
-	mapBytes, err := mapMemory()
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	agentHeap := float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
+	if path := os.Getenv("XDPLB_BENCH_HEAP_PROFILE"); path != "" {
+		if f, err := os.Create(path); err == nil {
+			pprof.WriteHeapProfile(f)
+			f.Close()
+		}
+	}
+	mapBytes, err := dataplane.New(&dp.Maps).MemoryUsage()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -194,11 +206,13 @@ func controlPlaneRun(b *testing.B, n int) {
 	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(rssBytes())/(1<<20), "rss-MiB")
+	b.ReportMetric(agentHeap, "agent-heap-MiB")
 	b.ReportMetric(float64(mapBytes)/(1<<20), "bpf-maps-MiB")
 	b.ReportMetric(0, "ns/op")
-	fmt.Printf("control plane, %d services x 10 endpoints: cold sync %s, programming latency p50 %s p99 %s, RSS %.0f MiB, BPF maps %.0f MiB\n",
+	fmt.Printf("control plane, %d services x 10 endpoints: cold sync %s, programming latency p50 %s p99 %s, "+
+		"agent heap %.0f MiB (process RSS %.0f MiB, with the test's own objects), BPF maps %.0f MiB\n",
 		n, cold.Round(time.Millisecond), p(0.5).Round(10*time.Microsecond), p(0.99).Round(10*time.Microsecond),
-		float64(rssBytes())/(1<<20), float64(mapBytes)/(1<<20))
+		agentHeap, float64(rssBytes())/(1<<20), float64(mapBytes)/(1<<20))
 	cancel()
 	<-done
 	if err := loader.Detach(opts.PinRoot); err != nil {
@@ -219,34 +233,4 @@ func rssBytes() int64 {
 		}
 	}
 	return 0
-}
-
-// mapMemory sums the memory the kernel charges for every BPF map of this
-// process's datapath (all maps in the system: the test runs alone).
-func mapMemory() (uint64, error) {
-	var total uint64
-	var ids []ebpf.MapID
-	id := ebpf.MapID(0)
-	for {
-		next, err := ebpf.MapGetNextID(id)
-		if err != nil {
-			break
-		}
-		ids = append(ids, next)
-		id = next
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
-		m, err := ebpf.NewMapFromID(id)
-		if err != nil {
-			continue
-		}
-		if info, err := m.Info(); err == nil {
-			if mem, ok := info.Memlock(); ok {
-				total += mem
-			}
-		}
-		m.Close()
-	}
-	return total, nil
 }

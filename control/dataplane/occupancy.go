@@ -106,3 +106,35 @@ func countByIteration(m *ebpf.Map) (int, error) {
 		n++
 	}
 }
+
+// MemoryUsage is the kernel memory charged for the datapath's maps,
+// including every Maglev table.
+func (d *Dataplane) MemoryUsage() (uint64, error) {
+	var total uint64
+	add := func(m *ebpf.Map) {
+		if info, err := m.Info(); err == nil {
+			if mem, ok := info.Memlock(); ok {
+				total += mem
+			}
+		}
+	}
+	for _, m := range d.m.All() {
+		if m != nil {
+			add(m)
+		}
+	}
+	var k, innerID uint32
+	it := d.m.MaglevTables.Iterate()
+	for it.Next(&k, &innerID) {
+		inner, err := ebpf.NewMapFromID(ebpf.MapID(innerID))
+		if err != nil {
+			continue
+		}
+		add(inner)
+		inner.Close()
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read tables: %w", err)
+	}
+	return total, nil
+}

@@ -25,17 +25,38 @@ type Incremental struct {
 	nodeKey   string
 	nodeAddrs []netip.Addr
 
-	services map[string]*cachedService // namespace/name -> its computed ports
+	services map[svcID]*cachedService  // each Service's computed ports
 	claims   map[frontendID][]claimant // who claims each frontend
 	ports    map[string]*portState     // service port key -> its state
 	order    []string                  // service port keys in State order
+	troubled map[svcID]bool            // Services with problems
+	calls    uint64
+	// owners remembers which Service each EndpointSlice object belongs
+	// to: objects from an informer are replaced, never modified, so the
+	// pointer identifies the content and its labels need not be read again.
+	owners, spareOwners map[*discoveryv1.EndpointSlice]svcID
+	bySvc               map[svcID][]*discoveryv1.EndpointSlice
+	state               []Service
 }
 
 type cachedService struct {
-	fingerprint string
-	ports       []port // as computed, before conflicts between Services
-	problems    []Problem
+	inputs   inputVersions
+	ports    []port // as computed, before conflicts between Services
+	problems []Problem
+	seen     uint64 // the call that last saw the Service
 }
+
+// inputVersions identifies a Service's inputs by resourceVersion, so an
+// unchanged Service is recognised without recomputing it.
+type inputVersions struct {
+	uid, version string
+	slices       []sliceVersion // sorted by name
+}
+
+type sliceVersion struct{ name, version string }
+
+// svcID names a Service without building a string.
+type svcID struct{ namespace, name string }
 
 // frontendID is a frontend without its kind: what two Services can share.
 type frontendID struct {
@@ -70,7 +91,8 @@ func NewIncremental() *Incremental {
 }
 
 func (inc *Incremental) reset() {
-	inc.services = map[string]*cachedService{}
+	inc.services = map[svcID]*cachedService{}
+	inc.troubled = map[svcID]bool{}
 	inc.claims = map[frontendID][]claimant{}
 	inc.ports = map[string]*portState{}
 	inc.order = nil
@@ -78,7 +100,8 @@ func (inc *Incremental) reset() {
 
 // Update returns the state for in, its problems, and the keys (Service.Key)
 // of the service ports that may differ from the previous call's: added,
-// removed, recomputed, or whose frontends other Services now claim.
+// removed, recomputed, or whose frontends other Services now claim. The
+// state's slice is reused by the next call.
 func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	changed := map[string]bool{}
 	c := &computer{node: in.Node}
@@ -91,38 +114,61 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 		inc.nodeKey, inc.nodeAddrs = key, c.nodeAddrs
 	}
 
-	bySvc := map[string][]*discoveryv1.EndpointSlice{}
+	inc.calls++
+	// The maps and the state slice are reused from call to call: at 10k
+	// Services, allocating them afresh made the garbage collector the
+	// largest cost of a sync.
+	if inc.bySvc == nil {
+		inc.bySvc = make(map[svcID][]*discoveryv1.EndpointSlice, len(in.Services))
+	}
+	bySvc := inc.bySvc
+	for id, ss := range bySvc {
+		bySvc[id] = ss[:0]
+	}
+	owners := inc.spareOwners
+	if owners == nil {
+		owners = make(map[*discoveryv1.EndpointSlice]svcID, len(in.Slices))
+	}
+	clear(owners)
 	for _, s := range in.Slices {
 		if s == nil {
 			continue
 		}
-		key := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
-		bySvc[key] = append(bySvc[key], s)
+		id, ok := inc.owners[s]
+		if !ok {
+			id = svcID{s.Namespace, s.Labels[discoveryv1.LabelServiceName]}
+		}
+		owners[s] = id
+		bySvc[id] = append(bySvc[id], s)
 	}
+	inc.owners, inc.spareOwners = owners, inc.owners
 
 	affected := map[frontendID]bool{}
-	seen := make(map[string]bool, len(in.Services))
 	for i, svc := range in.Services {
 		if svc == nil {
-			c.report("Service", "#"+itoa(i), "", "nil Service skipped")
+			c.report("Service", "#"+strconv.Itoa(i), "", "nil Service skipped")
 			continue
 		}
-		key := svc.Namespace + "/" + svc.Name
-		if seen[key] {
-			c.report("Service", key, "", "listed twice; the later copy is ignored")
+		id := svcID{svc.Namespace, svc.Name}
+		cs := inc.services[id]
+		if cs != nil && cs.seen == inc.calls {
+			c.report("Service", id.namespace+"/"+id.name, "", "listed twice; the later copy is ignored")
 			continue
 		}
-		seen[key] = true
-		fp := fingerprint(svc, bySvc[key])
-		if cs, ok := inc.services[key]; ok && fp != "" && cs.fingerprint == fp {
+		if cs != nil && cs.inputs.same(svc, bySvc[id]) {
+			cs.seen = inc.calls
 			continue
 		}
+		key := id.namespace + "/" + id.name
 		one := &computer{node: in.Node, nodeAddrs: c.nodeAddrs}
-		groups := one.groupSlices(bySvc[key])
+		groups := one.groupSlices(bySvc[id])
 		one.addService(svc, groups[key])
-		inc.drop(key, changed, affected)
-		cs := &cachedService{fingerprint: fp, ports: one.ports, problems: one.problems}
-		inc.services[key] = cs
+		inc.drop(id, changed, affected)
+		cs = &cachedService{inputs: versionsOf(svc, bySvc[id]), ports: one.ports, problems: one.problems, seen: inc.calls}
+		inc.services[id] = cs
+		if len(cs.problems) > 0 {
+			inc.troubled[id] = true
+		}
 		for i := range cs.ports {
 			p := &cs.ports[i]
 			p.Frontends = tidyFrontends(p.Frontends)
@@ -130,20 +176,24 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 			inc.ports[pk] = &portState{pre: p}
 			changed[pk] = true
 			for _, f := range p.Frontends {
-				id := frontendID{f.Addr, f.Port, f.Protocol}
-				inc.claims[id] = append(inc.claims[id], claimant{pk, f.Kind, p.created})
-				affected[id] = true
+				fid := frontendID{f.Addr, f.Port, f.Protocol}
+				inc.claims[fid] = append(inc.claims[fid], claimant{pk, f.Kind, p.created})
+				affected[fid] = true
 			}
 		}
 	}
-	for key := range inc.services {
-		if !seen[key] {
-			inc.drop(key, changed, affected)
-			delete(inc.services, key)
+	for id, cs := range inc.services {
+		if cs.seen != inc.calls {
+			inc.drop(id, changed, affected)
+			delete(inc.services, id)
 		}
 	}
-	for key, ss := range bySvc {
-		if seen[key] {
+	for id, ss := range bySvc {
+		if len(ss) == 0 {
+			delete(bySvc, id)
+			continue
+		}
+		if cs := inc.services[id]; cs != nil && cs.seen == inc.calls {
 			continue
 		}
 		for _, s := range ss {
@@ -167,18 +217,21 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	}
 	inc.reorder(changed)
 
-	st := State{Services: make([]Service, 0, len(inc.order))}
+	st := State{Services: inc.state[:0]}
 	problems := c.problems
 	for _, k := range inc.order {
 		st.Services = append(st.Services, inc.ports[k].final)
 	}
-	svcKeys := make([]string, 0, len(inc.services))
-	for k := range inc.services {
-		svcKeys = append(svcKeys, k)
+	inc.state = st.Services
+	troubled := make([]svcID, 0, len(inc.troubled))
+	for id := range inc.troubled {
+		troubled = append(troubled, id)
 	}
-	slices.Sort(svcKeys)
-	for _, k := range svcKeys {
-		problems = append(problems, inc.services[k].problems...)
+	slices.SortFunc(troubled, func(a, b svcID) int {
+		return cmp.Or(cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.name, b.name))
+	})
+	for _, id := range troubled {
+		problems = append(problems, inc.services[id].problems...)
 	}
 	for _, k := range inc.order {
 		ps := inc.ports[k]
@@ -195,11 +248,12 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 }
 
 // drop forgets a Service's ports and their claims.
-func (inc *Incremental) drop(svcKey string, changed map[string]bool, affected map[frontendID]bool) {
-	cs, ok := inc.services[svcKey]
+func (inc *Incremental) drop(id svcID, changed map[string]bool, affected map[frontendID]bool) {
+	cs, ok := inc.services[id]
 	if !ok {
 		return
 	}
+	delete(inc.troubled, id)
 	for i := range cs.ports {
 		p := &cs.ports[i]
 		pk := p.Key()
@@ -264,49 +318,55 @@ func (inc *Incremental) reorder(changed map[string]bool) {
 		)
 	}
 	// Drop keys that are gone, then insert the new ones.
-	inc.order = slices.DeleteFunc(inc.order, func(k string) bool { return changed[k] && inc.ports[k] == nil })
-	present := make(map[string]bool, len(changed))
-	for _, k := range inc.order {
-		if changed[k] {
-			present[k] = true
+	gone := false
+	for k := range changed {
+		if inc.ports[k] == nil {
+			gone = true
+			break
 		}
+	}
+	if gone {
+		inc.order = slices.DeleteFunc(inc.order, func(k string) bool { return changed[k] && inc.ports[k] == nil })
 	}
 	for k := range changed {
 		ps := inc.ports[k]
-		if ps == nil || present[k] {
+		if ps == nil {
 			continue
 		}
-		i, _ := slices.BinarySearchFunc(inc.order, &ps.pre.Service, func(e string, t *Service) int {
+		i, found := slices.BinarySearchFunc(inc.order, &ps.pre.Service, func(e string, t *Service) int {
 			return less(&inc.ports[e].pre.Service, t)
 		})
-		inc.order = slices.Insert(inc.order, i, k)
+		if !found {
+			inc.order = slices.Insert(inc.order, i, k)
+		}
 	}
 }
 
-// fingerprint identifies a Service's inputs by resourceVersion; "" when
-// some object has none, meaning "recompute".
-func fingerprint(svc *corev1.Service, ss []*discoveryv1.EndpointSlice) string {
-	if svc.ResourceVersion == "" {
-		return ""
+// versionsOf records a Service's inputs; an empty version anywhere (a
+// services file) means "always recompute".
+func versionsOf(svc *corev1.Service, ss []*discoveryv1.EndpointSlice) inputVersions {
+	v := inputVersions{uid: string(svc.UID), version: svc.ResourceVersion}
+	for _, s := range ss {
+		v.slices = append(v.slices, sliceVersion{s.Name, s.ResourceVersion})
 	}
-	var b strings.Builder
-	b.WriteString(string(svc.UID))
-	b.WriteByte('@')
-	b.WriteString(svc.ResourceVersion)
-	if len(ss) > 1 {
-		ss = slices.Clone(ss)
-		slices.SortFunc(ss, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(v.slices, func(a, b sliceVersion) int { return cmp.Compare(a.name, b.name) })
+	return v
+}
+
+// same reports whether the inputs are unchanged.
+func (v *inputVersions) same(svc *corev1.Service, ss []*discoveryv1.EndpointSlice) bool {
+	if v.version == "" || svc.ResourceVersion != v.version || string(svc.UID) != v.uid || len(ss) != len(v.slices) {
+		return false
 	}
 	for _, s := range ss {
-		if s.ResourceVersion == "" {
-			return ""
+		i, ok := slices.BinarySearchFunc(v.slices, s.Name, func(e sliceVersion, name string) int {
+			return cmp.Compare(e.name, name)
+		})
+		if !ok || s.ResourceVersion == "" || v.slices[i].version != s.ResourceVersion {
+			return false
 		}
-		b.WriteByte('|')
-		b.WriteString(s.Name)
-		b.WriteByte('@')
-		b.WriteString(s.ResourceVersion)
 	}
-	return b.String()
+	return true
 }
 
 // nodeKey identifies what Compute uses of the node.
@@ -322,4 +382,11 @@ func nodeKey(n NodeInfo, addrs []netip.Addr) string {
 	return b.String()
 }
 
-func itoa(i int) string { return strconv.Itoa(i) }
+// Port returns the service port with the given key as the last Update
+// computed it, nil if there is none.
+func (inc *Incremental) Port(key string) *Service {
+	if ps := inc.ports[key]; ps != nil {
+		return &ps.final
+	}
+	return nil
+}

@@ -408,17 +408,29 @@ func (c *computer) sourceRanges(svc *corev1.Service) (bool, []netip.Prefix) {
 // only: the ready endpoints or, if there are none, the serving and
 // terminating ones.
 func chooseSet(eps []Endpoint, localOnly bool) []Endpoint {
-	use := func(e Endpoint) bool { return e.Ready }
-	if !slices.ContainsFunc(eps, func(e Endpoint) bool { return use(e) && (e.Local || !localOnly) }) {
-		use = func(e Endpoint) bool { return e.Serving && e.Terminating }
-	}
-	var out []Endpoint
+	var ready, fallback []Endpoint
+	all := true
 	for _, e := range eps {
-		if use(e) && (e.Local || !localOnly) {
-			out = append(out, e)
+		if localOnly && !e.Local {
+			all = false
+			continue
+		}
+		if e.Ready {
+			ready = append(ready, e)
+		} else {
+			all = false
+			if e.Serving && e.Terminating {
+				fallback = append(fallback, e)
+			}
 		}
 	}
-	return slices.Clip(out)
+	if all && len(eps) > 0 {
+		return eps // the common case: every endpoint qualifies; share the slice
+	}
+	if len(ready) > 0 {
+		return ready
+	}
+	return fallback
 }
 
 // resolveConflicts gives every frontend (address, port, protocol) to one

@@ -15,8 +15,23 @@ type buildCache struct {
 }
 
 type cacheEntry struct {
-	perm []uint32
-	used bool
+	// The table as indices into the members, 16 bits each where they fit
+	// (always, for any realistic service): tables are the bulk of the
+	// agent's memory.
+	perm16 []uint16
+	perm32 []uint32
+	used   bool
+}
+
+func (e *cacheEntry) table() []uint32 {
+	if e.perm32 != nil {
+		return e.perm32
+	}
+	out := make([]uint32, len(e.perm16))
+	for i, v := range e.perm16 {
+		out[i] = uint32(v)
+	}
+	return out
 }
 
 func newBuildCache() *buildCache { return &buildCache{entries: map[string]*cacheEntry{}} }
@@ -39,13 +54,22 @@ func (c *buildCache) build(members []maglev.Backend, size uint32, seed uint64) (
 	key := cacheKey(members, size)
 	if e, ok := c.entries[key]; ok {
 		e.used = true
-		return e.perm, true, nil
+		return e.table(), true, nil
 	}
 	perm, err := maglev.Build(members, size, seed)
 	if err != nil {
 		return nil, false, err
 	}
-	c.entries[key] = &cacheEntry{perm: perm, used: true}
+	e := &cacheEntry{used: true}
+	if len(members) <= 1<<16 {
+		e.perm16 = make([]uint16, len(perm))
+		for i, v := range perm {
+			e.perm16[i] = uint16(v)
+		}
+	} else {
+		e.perm32 = perm
+	}
+	c.entries[key] = e
 	return perm, false, nil
 }
 

@@ -123,28 +123,31 @@ func TestIncrementalApplyMatchesFullApply(t *testing.T) {
 		for _, s := range st.Services {
 			cur[s.Key()] = s
 		}
-		var changed map[string]bool
-		if prev != nil {
-			changed = map[string]bool{}
+		var err error
+		if prev == nil {
+			_, err = r.Apply(context.Background(), st)
+		} else {
+			changed := map[string]*model.Service{}
 			for k, s := range cur {
 				if p, ok := prev[k]; !ok || !reflect.DeepEqual(p, s) {
-					changed[k] = true
+					changed[k] = &s
 				}
 			}
 			for k := range prev {
 				if _, ok := cur[k]; !ok {
-					changed[k] = true
+					changed[k] = nil
 				}
 			}
+			_, err = r.ApplyChanges(context.Background(), changed)
 		}
-		if _, err := r.Apply(context.Background(), st, changed); err != nil {
+		if err != nil {
 			t.Fatalf("step %d: incremental apply: %v", step, err)
 		}
 		fr, err := reconcile.New(full, config(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := fr.Apply(context.Background(), st, nil); err != nil {
+		if _, err := fr.Apply(context.Background(), st); err != nil {
 			t.Fatalf("step %d: full apply: %v", step, err)
 		}
 		a, b := snapshot(t, inc), snapshot(t, full)

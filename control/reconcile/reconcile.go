@@ -57,12 +57,36 @@ const (
 	localSet
 )
 
+// tableRecord is one Maglev table of a service port.
+type tableRecord struct {
+	slots  []uint32 // nil once written
+	digest uint64
+}
+
+// tableDigest identifies a table's content: FNV-1a over the slots, never 0
+// (0 marks a pinned table of unknown content).
+func tableDigest(slots []uint32) uint64 {
+	h := uint64(14695981039346656037)
+	for _, s := range slots {
+		for i := 0; i < 4; i++ {
+			h ^= uint64(byte(s >> (8 * i)))
+			h *= 1099511628211
+		}
+	}
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
 // portRecord is what one service port puts into the maps.
 type portRecord struct {
 	id        uint32
 	frontends map[dataplane.FrontendKey]dataplane.Frontend
-	tables    map[uint32][]uint32
-	ranges    []dataplane.SourceRange
+	// tables holds each table's slots until they are written; afterwards
+	// only the digest is kept (see tableDigest).
+	tables map[uint32]*tableRecord
+	ranges []dataplane.SourceRange
 	// backends is this port's view of its endpoints; a backend several
 	// ports share is merged from all views.
 	backends map[netip.AddrPort]dataplane.Backend
@@ -84,7 +108,7 @@ type Reconciler struct {
 	backendIDs map[netip.AddrPort]uint32
 	backends   map[uint32]dataplane.Backend
 	// The other maps as written.
-	tables    map[uint32][]uint32 // nil slots: pinned by an earlier agent, content unknown
+	tables    map[uint32]uint64 // digest of the slots as written; 0: pinned by an earlier agent, content unknown
 	frontends map[dataplane.FrontendKey]dataplane.Frontend
 	ranges    map[dataplane.SourceRange]bool
 	usedIDs   map[uint32]bool // service port ids in use
@@ -116,7 +140,7 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 		ports:      map[string]*portRecord{},
 		users:      map[netip.AddrPort]map[string]bool{},
 		backendIDs: map[netip.AddrPort]uint32{},
-		tables:     map[uint32][]uint32{},
+		tables:     map[uint32]uint64{},
 		ranges:     map[dataplane.SourceRange]bool{},
 		usedIDs:    map[uint32]bool{},
 		cache:      newBuildCache(),
@@ -151,7 +175,7 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 		return nil, fmt.Errorf("adopt tables: %w", err)
 	}
 	for _, id := range ids {
-		r.tables[id] = nil // content unknown: rewritten on the first Apply
+		r.tables[id] = 0 // content unknown: rewritten on the first Apply
 	}
 	log.Info("adopted pinned datapath state", "backends", len(r.backends),
 		"frontends", len(r.frontends), "tables", len(ids), "source_ranges", len(ranges))
@@ -163,19 +187,27 @@ func tableID(svcID uint32, set tableSet) uint32 {
 	return svcID*2 - 1 + uint32(set)
 }
 
-// Apply makes the maps hold st. changed names the service ports (keys)
-// that may differ from the previous Apply; nil means all of them, which the
-// first Apply must use: it also removes whatever an earlier agent left
-// that st does not want. Problems with single service ports are reported
-// in the result and do not stop the others; an error means the maps could
-// not be written, and the next Apply (with the same changes) tries again.
-func (r *Reconciler) Apply(ctx context.Context, st model.State, changed map[string]bool) (Result, error) {
-	var res Result
-	full := changed == nil
+// Apply makes the maps hold the full state st: the first Apply must be
+// one, and it also removes whatever an earlier agent left that st does not
+// want. Problems with single service ports are reported in the result and
+// do not stop the others; an error means the maps could not be written,
+// and the next Apply should be a full one.
+func (r *Reconciler) Apply(ctx context.Context, st model.State) (Result, error) {
 	byKey := make(map[string]*model.Service, len(st.Services))
 	for i := range st.Services {
 		byKey[st.Services[i].Key()] = &st.Services[i]
 	}
+	return r.apply(ctx, byKey, true)
+}
+
+// ApplyChanges applies only the service ports in changed (by key; a nil
+// Service means the port is gone), leaving the others as they are.
+func (r *Reconciler) ApplyChanges(ctx context.Context, changed map[string]*model.Service) (Result, error) {
+	return r.apply(ctx, changed, false)
+}
+
+func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service, full bool) (Result, error) {
+	var res Result
 	var keys []string
 	if full {
 		keys = make([]string, 0, len(byKey)+len(r.ports))
@@ -188,7 +220,7 @@ func (r *Reconciler) Apply(ctx context.Context, st model.State, changed map[stri
 			}
 		}
 	} else {
-		for k := range changed {
+		for k := range byKey {
 			keys = append(keys, k)
 		}
 	}
@@ -280,15 +312,15 @@ func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string
 		if rec == nil {
 			continue
 		}
-		for id, slots := range rec.tables {
-			if cur, ok := r.tables[id]; ok && cur != nil && slices.Equal(cur, slots) {
-				continue
+		for id, t := range rec.tables {
+			if cur, ok := r.tables[id]; !ok || cur != t.digest {
+				if err := r.dp.PutTable(id, t.slots); err != nil {
+					return err
+				}
+				r.tables[id] = t.digest
+				res.TablesWritten++
 			}
-			if err := r.dp.PutTable(id, slots); err != nil {
-				return err
-			}
-			r.tables[id] = slots
-			res.TablesWritten++
+			t.slots = nil // written: the digest is enough from now on
 		}
 	}
 	// 3. Source ranges, then frontends.
@@ -546,7 +578,7 @@ func (r *Reconciler) record(svc *model.Service, res *Result) *portRecord {
 	key := svc.Key()
 	rec := &portRecord{
 		frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
-		tables:    map[uint32][]uint32{},
+		tables:    map[uint32]*tableRecord{},
 		backends:  map[netip.AddrPort]dataplane.Backend{},
 	}
 	id, ok := r.serviceID(key, svc)
@@ -589,7 +621,7 @@ func (r *Reconciler) record(svc *model.Service, res *Result) *portRecord {
 				rec.problems = append(rec.problems, fmt.Sprintf("service port %s: %v", key, err))
 			} else if len(slots) > 0 {
 				tableOf[set] = tableID(id, set)
-				rec.tables[tableOf[set]] = slots
+				rec.tables[tableOf[set]] = &tableRecord{slots: slots, digest: tableDigest(slots)}
 			}
 		}
 		return tableOf[set]

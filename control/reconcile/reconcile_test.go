@@ -67,7 +67,7 @@ func web(eps ...model.Endpoint) model.Service {
 
 func apply(t *testing.T, r *reconcile.Reconciler, svcs ...model.Service) reconcile.Result {
 	t.Helper()
-	res, err := r.Apply(context.Background(), model.State{Services: svcs}, nil)
+	res, err := r.Apply(context.Background(), model.State{Services: svcs})
 	if err != nil {
 		t.Fatalf("apply: %v", err)
 	}
@@ -363,7 +363,7 @@ func TestOutOfIDsIsReportedNotFatal(t *testing.T) {
 		s.Frontends = []model.Frontend{{Addr: nodeIP, Port: uint16(30000 + i), Protocol: model.TCP, Kind: model.NodePort}}
 		svcs = append(svcs, s)
 	}
-	res, err := r.Apply(context.Background(), model.State{Services: svcs}, nil)
+	res, err := r.Apply(context.Background(), model.State{Services: svcs})
 	if err != nil {
 		t.Fatal(err)
 	}
