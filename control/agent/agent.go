@@ -227,12 +227,17 @@ func (a *Agent) notify() {
 func (a *Agent) loop(ctx context.Context, errc chan error) {
 	var lastSync time.Time
 	retry := time.Duration(0)
+	var retryAt time.Time
 	periodic := time.NewTicker(a.cfg.SyncPeriod)
 	defer periodic.Stop()
+	// The source's health is reported every second, not only when a sync
+	// runs: an unreachable API server sends no events.
+	health := time.NewTicker(time.Second)
+	defer health.Stop()
 	for {
 		var wake <-chan time.Time
 		if retry > 0 {
-			wake = time.After(retry)
+			wake = time.After(time.Until(retryAt))
 		}
 		select {
 		case <-ctx.Done():
@@ -240,6 +245,9 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 		case err := <-errc:
 			errc <- err
 			return
+		case <-health.C:
+			a.reportSource(a.src.Status())
+			continue
 		case <-a.trigger:
 		case <-periodic.C:
 			a.needFull = true
@@ -263,6 +271,7 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 				return
 			}
 			retry = min(max(2*retry, 100*time.Millisecond), 10*time.Second)
+			retryAt = time.Now().Add(retry)
 			a.log.Error("sync failed, retrying", "error", err, "retry_in", retry)
 			a.metrics.Syncs.WithLabelValues("error").Inc()
 			continue

@@ -50,6 +50,13 @@ const (
 	resServices       = "services"
 	resEndpointSlices = "endpointslices"
 	resNodes          = "nodes"
+	// resAPIServer is the readiness probe: a watch that is accepted and
+	// closed at once (a load balancer in front of a stopped API server)
+	// looks like success to the informers, the probe does not.
+	resAPIServer = "apiserver"
+
+	// probeInterval is how often the API server's /readyz is asked.
+	probeInterval = 2 * time.Second
 )
 
 // Kubernetes is a Source watching the Kubernetes API through shared
@@ -62,8 +69,9 @@ const (
 // resources fails or a watch breaks, and cleared when the next list or
 // watch request for that resource succeeds.
 type Kubernetes struct {
-	opts KubernetesOptions
-	log  *slog.Logger
+	opts   KubernetesOptions
+	log    *slog.Logger
+	client kubernetes.Interface
 
 	factory     informers.SharedInformerFactory
 	nodeFactory informers.SharedInformerFactory // nil without NodeName
@@ -92,9 +100,10 @@ func NewKubernetes(client kubernetes.Interface, opts KubernetesOptions, log *slo
 		log = slog.New(slog.DiscardHandler)
 	}
 	k := &Kubernetes{
-		opts: opts,
-		log:  log,
-		errs: make(map[string]error),
+		opts:   opts,
+		log:    log,
+		client: client,
+		errs:   make(map[string]error),
 	}
 	tracked := &trackingClient{Interface: client, k: k}
 
@@ -254,8 +263,34 @@ func (k *Kubernetes) Run(ctx context.Context, changed func()) error {
 	k.log.Info("informer caches synced", "took", time.Since(start).Round(time.Millisecond))
 	changed()
 
-	<-ctx.Done()
-	return nil
+	tick := time.NewTicker(probeInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			k.probe(ctx)
+		}
+	}
+}
+
+// probe asks the API server whether it is ready, once, without retries.
+func (k *Kubernetes) probe(ctx context.Context) {
+	rc := k.client.Discovery().RESTClient()
+	if rc == nil {
+		return // a fake client: nothing to probe
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeInterval)
+	defer cancel()
+	err := rc.Get().AbsPath("/readyz").MaxRetries(0).Do(ctx).Error()
+	if ctx.Err() != nil && err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return // shutting down
+	}
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = errors.New("API server /readyz did not answer in time")
+	}
+	k.result(resAPIServer, err)
 }
 
 // eventHandler calls notify for the events that may change the view:
@@ -369,7 +404,7 @@ func (k *Kubernetes) Status() Status {
 	st.LastChange = k.lastChange
 	if len(k.errs) > 0 {
 		var errs []error
-		for _, res := range []string{resServices, resEndpointSlices, resNodes} {
+		for _, res := range []string{resServices, resEndpointSlices, resNodes, resAPIServer} {
 			if err := k.errs[res]; err != nil {
 				errs = append(errs, fmt.Errorf("watch %s: %w", res, err))
 			}
