@@ -530,7 +530,11 @@ func (a *Agent) watchAddresses(ctx context.Context) {
 	done := make(chan struct{})
 	defer close(done)
 	if err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{
-		ErrorCallback: func(err error) { a.log.Warn("address watch", "error", err) },
+		ErrorCallback: func(err error) {
+			if ctx.Err() == nil { // closing the subscription at shutdown reports EAGAIN
+				a.log.Warn("address watch", "error", err)
+			}
+		},
 	}); err != nil {
 		a.log.Warn("cannot watch address changes; NodePort addresses follow periodic syncs only", "error", err)
 		return

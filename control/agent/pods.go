@@ -48,7 +48,11 @@ func (a *Agent) watchPods(ctx context.Context) {
 	defer close(done)
 	// Subscribe before listing, so no interface falls between the two.
 	subscribed := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) { a.log.Warn("pod interface watch", "error", err) },
+		ErrorCallback: func(err error) {
+			if ctx.Err() == nil { // closing the subscription at shutdown reports EAGAIN
+				a.log.Warn("pod interface watch", "error", err)
+			}
+		},
 	}) == nil
 	if !subscribed {
 		a.log.Warn("cannot watch interfaces; pod interfaces are attached at start only")
