@@ -22,32 +22,11 @@ type Agent struct {
 	Healthz string // address of /healthz inside the node
 }
 
-// StartAgent runs `xdplb agent args...` in the node's namespace, with its
-// log in logPath, and waits until /healthz answers 200 (the first sync is
-// done) or ctx ends.
+// StartAgent runs `xdplb agent args...` in the node's namespace with the
+// sandbox's pins and cgroup view, its log in logPath, and waits until
+// /healthz answers 200 (the first sync is done) or ctx ends.
 func (t *Topology) StartAgent(ctx context.Context, n *Node, binary, logPath string, args ...string) (*Agent, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	a := &Agent{node: n, LogPath: logPath, done: make(chan error, 1), Healthz: "127.0.0.1:10256"}
-	full := append([]string{"agent", "--bpffs-root", t.BPFFS, "--healthz-bind-address", a.Healthz,
-		"--metrics-bind-address", "127.0.0.1:10249", "--cgroup-root", t.Cgroup}, args...)
-	a.cmd = n.Command(binary, full...)
-	a.cmd.Stdout, a.cmd.Stderr = logf, logf
-	if err := a.cmd.Start(); err != nil {
-		logf.Close()
-		return nil, err
-	}
-	go func() {
-		a.done <- a.cmd.Wait()
-		logf.Close()
-	}()
-	if err := a.WaitHealthy(ctx, 30*time.Second); err != nil {
-		a.Stop()
-		return nil, fmt.Errorf("%w\n%s", err, a.Log())
-	}
-	return a, nil
+	return StartNodeAgent(ctx, n, binary, t.BPFFS, logPath, append([]string{"--cgroup-root", t.Cgroup}, args...)...)
 }
 
 // Get fetches a path from the agent's health or metrics server.
