@@ -17,7 +17,7 @@ DEB_PACKAGES := clang-16 llvm-16 libbpf-dev linux-libc-dev iproute2 iptables nft
 
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all deps generate build k8s-bins test test-unit bench lint demo clean
+.PHONY: all deps generate build k8s-bins test test-unit bench lint demo perf perf-quick clean
 
 all: build
 
@@ -68,6 +68,17 @@ lint:
 demo: deps build
 	CGO_ENABLED=0 $(GO) build -o bin/xdplb-demo ./cmd/xdplb-demo
 	./bin/xdplb-demo -xdplb $(BIN)
+
+## perf-quick: every perf mode once on a representative subset (under a
+## minute once kube-proxy is built); fails only if a mode that can run here
+## produced no figure.
+perf-quick: deps build k8s-bins
+	$(GO) run ./perf/cmd/xdplb-perf -xdplb $(BIN) -quick -check
+
+## perf: the full perf matrix; the report is also published to perf/report/,
+## which README.md shows.
+perf: deps build k8s-bins
+	$(GO) run ./perf/cmd/xdplb-perf -xdplb $(BIN) -publish perf/report
 
 clean:
 	rm -rf bin

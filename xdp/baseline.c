@@ -287,9 +287,12 @@ int xdp_gen(struct xdp_md *ctx)
 	}
 	__builtin_memcpy(data, cfg->hdr, GEN_HDR_LEN);
 
-	i = st->seq++ * (cfg->slots ? cfg->slots : 1) + bpf_get_smp_processor_id();
+	/* A fixed set of flows is cycled through from every CPU; new flows
+	 * interleave the CPUs' sequences so no two CPUs send the same one. */
 	if (cfg->flows)
-		i %= cfg->flows;
+		i = (st->seq++ + bpf_get_smp_processor_id()) % cfg->flows;
+	else
+		i = st->seq++ * (cfg->slots ? cfg->slots : 1) + bpf_get_smp_processor_id();
 
 	old_saddr = *(__be32 *)(data + GEN_OFF_SADDR);
 	old_daddr = *(__be32 *)(data + GEN_OFF_DADDR);

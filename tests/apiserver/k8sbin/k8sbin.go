@@ -196,18 +196,25 @@ func (b builder) buildEtcd(ctx context.Context, out string) error {
 	return nil
 }
 
-// buildKubeAPIServer builds kube-apiserver from a throwaway module requiring
-// k8s.io/kubernetes. That module's go.mod points its staging modules at
-// ./staging, which module zips leave out, so the build module replaces each
-// of them with its published release instead.
+// buildKubeAPIServer builds kube-apiserver (see [builder.buildKubernetesCommand]).
 func (b builder) buildKubeAPIServer(ctx context.Context, out string) error {
+	return b.buildKubernetesCommand(ctx, "kube-apiserver", out)
+}
+
+// buildKubernetesCommand builds k8s.io/kubernetes/cmd/<name> at
+// [KubernetesVersion] from a throwaway module requiring k8s.io/kubernetes.
+// That module's go.mod points its staging modules at ./staging, which module
+// zips leave out, so the build module replaces each of them with its
+// published release instead.
+func (b builder) buildKubernetesCommand(ctx context.Context, name, out string) error {
 	start := time.Now()
-	slog.Info("building kube-apiserver for tests (a cold build takes several minutes)",
+	slog.Info("building "+name+" (a cold build takes several minutes)",
 		"version", KubernetesVersion, "dir", b.dir)
-	src := filepath.Join(b.dir, "src", "kube-apiserver")
+	src := filepath.Join(b.dir, "src", name)
 	const mod = "k8s.io/kubernetes"
-	const pkg = mod + "/cmd/kube-apiserver"
-	if err := writeGoMod(src, "xdplb.invalid/testbin/kube-apiserver", nil, nil); err != nil {
+	pkg := mod + "/cmd/" + name
+	module := "xdplb.invalid/testbin/" + name
+	if err := writeGoMod(src, module, nil, nil); err != nil {
 		return err
 	}
 	kubeGoMod, err := b.downloadGoMod(ctx, src, mod+"@"+KubernetesVersion)
@@ -226,12 +233,11 @@ func (b builder) buildKubeAPIServer(ctx context.Context, out string) error {
 	for _, m := range staging {
 		replaces[m] = stagingVersion
 	}
-	if err := writeGoMod(src, "xdplb.invalid/testbin/kube-apiserver",
-		map[string]string{mod: KubernetesVersion}, replaces); err != nil {
+	if err := writeGoMod(src, module, map[string]string{mod: KubernetesVersion}, replaces); err != nil {
 		return err
 	}
 	if err := b.goCmd(ctx, src, "get", pkg+"@"+KubernetesVersion); err != nil {
-		return fmt.Errorf("resolving kube-apiserver %s: %w", KubernetesVersion, err)
+		return fmt.Errorf("resolving %s %s: %w", name, KubernetesVersion, err)
 	}
 	major, minor, _ := strings.Cut(strings.TrimPrefix(KubernetesVersion, "v"), ".")
 	minor, _, _ = strings.Cut(minor, ".")
@@ -244,9 +250,9 @@ func (b builder) buildKubeAPIServer(ctx context.Context, out string) error {
 		"-X", v + "gitTreeState=clean",
 	}, " ")
 	if err := b.goBuild(ctx, src, pkg, out, ldflags); err != nil {
-		return fmt.Errorf("building kube-apiserver %s: %w", KubernetesVersion, err)
+		return fmt.Errorf("building %s %s: %w", name, KubernetesVersion, err)
 	}
-	slog.Info("built kube-apiserver", "path", out, "took", time.Since(start).Round(time.Second))
+	slog.Info("built "+name, "path", out, "took", time.Since(start).Round(time.Second))
 	return nil
 }
 
