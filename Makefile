@@ -70,14 +70,16 @@ demo: deps build
 	./bin/xdplb-demo -xdplb $(BIN)
 
 ## perf-quick: every perf mode once on a representative subset (under a
-## minute once kube-proxy is built); fails only if a mode that can run here
+## minute once kube-apiserver, etcd and kube-proxy are built and cached); fails only if a mode that can run here
 ## produced no figure.
-perf-quick: deps build k8s-bins
+perf-quick: deps build
+	./tests/apiserver/build.sh -kube-proxy
 	$(GO) run ./perf/cmd/xdplb-perf -xdplb $(BIN) -quick -check
 
 ## perf: the full perf matrix; the report is also published to perf/report/,
 ## which README.md shows.
-perf: deps build k8s-bins
+perf: deps build
+	./tests/apiserver/build.sh -kube-proxy
 	$(GO) run ./perf/cmd/xdplb-perf -xdplb $(BIN) -publish perf/report
 
 clean:

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -32,6 +34,7 @@ type cluster struct {
 	client kubernetes.Interface
 	fwd    *forwarder
 	log    *slog.Logger
+	dir    string
 
 	// Services currently in the API, by name.
 	have map[string]bool
@@ -43,7 +46,7 @@ func startCluster(ctx context.Context, dir string, edge *netns.NS, log *slog.Log
 	if err != nil {
 		return nil, fmt.Errorf("start kube-apiserver: %w", err)
 	}
-	c := &cluster{srv: srv, log: log, have: map[string]bool{}}
+	c := &cluster{srv: srv, log: log, dir: dir, have: map[string]bool{}}
 	cfg := srv.AdminConfig()
 	cfg.QPS, cfg.Burst = 5000, 10000
 	cfg.UserAgent = "xdplb-perf"
@@ -78,6 +81,11 @@ func (c *cluster) stop() error {
 		errs = append(errs, c.fwd.close())
 	}
 	errs = append(errs, c.srv.Stop())
+	// etcd's database holds up to 100k Services (a few hundred MB per
+	// run) and is of no use afterwards; the servers' logs stay.
+	if err := os.RemoveAll(filepath.Join(c.dir, "etcd")); err != nil {
+		errs = append(errs, fmt.Errorf("remove etcd data: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
