@@ -23,15 +23,20 @@ type cacheEntry struct {
 	used   bool
 }
 
-func (e *cacheEntry) table() []uint32 {
+// size is the number of slots.
+func (e *cacheEntry) size() int {
 	if e.perm32 != nil {
-		return e.perm32
+		return len(e.perm32)
 	}
-	out := make([]uint32, len(e.perm16))
-	for i, v := range e.perm16 {
-		out[i] = uint32(v)
+	return len(e.perm16)
+}
+
+// at is the member index of slot i.
+func (e *cacheEntry) at(i int) uint32 {
+	if e.perm32 != nil {
+		return e.perm32[i]
 	}
-	return out
+	return uint32(e.perm16[i])
 }
 
 func newBuildCache() *buildCache { return &buildCache{entries: map[string]*cacheEntry{}} }
@@ -48,20 +53,19 @@ func cacheKey(members []maglev.Backend, size uint32) string {
 	return b.String()
 }
 
-// build returns the table for members (indices into members), from the
-// cache when the same members were built before.
-func (c *buildCache) build(members []maglev.Backend, size uint32, seed uint64) ([]uint32, bool, error) {
-	key := cacheKey(members, size)
-	if e, ok := c.entries[key]; ok {
+// lookup returns the build stored under key, nil if there is none.
+func (c *buildCache) lookup(key string) *cacheEntry {
+	e := c.entries[key]
+	if e != nil {
 		e.used = true
-		return e.table(), true, nil
 	}
-	perm, err := maglev.Build(members, size, seed)
-	if err != nil {
-		return nil, false, err
-	}
+	return e
+}
+
+// store keeps perm, a table built over members members, under key.
+func (c *buildCache) store(key string, perm []uint32, members int) *cacheEntry {
 	e := &cacheEntry{used: true}
-	if len(members) <= 1<<16 {
+	if members <= 1<<16 {
 		e.perm16 = make([]uint16, len(perm))
 		for i, v := range perm {
 			e.perm16[i] = uint16(v)
@@ -70,7 +74,7 @@ func (c *buildCache) build(members []maglev.Backend, size uint32, seed uint64) (
 		e.perm32 = perm
 	}
 	c.entries[key] = e
-	return perm, false, nil
+	return e
 }
 
 // sweep drops, after a full Apply (when every table was computed), the
