@@ -131,7 +131,7 @@ type Reconciler struct {
 	ports map[string]*portRecord
 	// Backends: the users (service port keys) of each address:port,
 	// and ids and values as written.
-	users      map[netip.AddrPort]map[string]bool
+	users      map[netip.AddrPort][]string
 	backendIDs map[netip.AddrPort]uint32
 	backends   map[uint32]dataplane.Backend
 	// The other maps as written.
@@ -170,7 +170,7 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
 		ports:      map[string]*portRecord{},
-		users:      map[netip.AddrPort]map[string]bool{},
+		users:      map[netip.AddrPort][]string{},
 		backendIDs: map[netip.AddrPort]uint32{},
 		tables:     map[uint32]uint64{},
 		ranges:     map[dataplane.SourceRange]bool{},
@@ -258,6 +258,7 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		}
 	}
 	slices.Sort(keys) // deterministic id allocation
+	r.reserve(byKey)
 
 	// Compute the new records of the changed ports.
 	next := make(map[string]*portRecord, len(keys))
@@ -283,21 +284,28 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 
 	// What moves: backends used by old or new records, frontends, tables
 	// and ranges of the changed ports.
-	touched := map[netip.AddrPort]bool{}
+	nBackends := 0
+	for _, rec := range next {
+		if rec != nil {
+			nBackends += len(rec.backends)
+		}
+	}
+	touched := make(map[netip.AddrPort]bool, nBackends)
 	for k, rec := range next {
 		if old := r.ports[k]; old != nil {
 			for ap := range old.backends {
 				touched[ap] = true
-				delete(r.users[ap], k)
+				if us, ok := r.users[ap]; ok {
+					r.users[ap] = slices.DeleteFunc(us, func(u string) bool { return u == k })
+				}
 			}
 		}
 		if rec != nil {
 			for ap := range rec.backends {
 				touched[ap] = true
-				if r.users[ap] == nil {
-					r.users[ap] = map[string]bool{}
+				if !slices.Contains(r.users[ap], k) {
+					r.users[ap] = append(r.users[ap], k)
 				}
-				r.users[ap][k] = true
 			}
 		}
 	}
@@ -544,12 +552,44 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 	return nil
 }
 
+// reserve sizes the empty maps for the ports in byKey, typically before
+// the first Apply: growing them an entry at a time to 100k backends costs
+// more than filling them.
+func (r *Reconciler) reserve(byKey map[string]*model.Service) {
+	if len(byKey) < 1024 {
+		return
+	}
+	var eps, fes int
+	for _, svc := range byKey {
+		if svc != nil {
+			eps += len(svc.Endpoints)
+			fes += len(svc.Frontends)
+		}
+	}
+	r.users = presized(r.users, eps)
+	r.backendIDs = presized(r.backendIDs, eps)
+	r.backends = presized(r.backends, eps)
+	r.usedBackendIDs = presized(r.usedBackendIDs, eps)
+	r.frontends = presized(r.frontends, fes)
+	r.tables = presized(r.tables, len(byKey))
+	r.usedIDs = presized(r.usedIDs, len(byKey))
+	r.ports = presized(r.ports, len(byKey))
+}
+
+// presized returns m, or, if m is empty, an empty map with room for n.
+func presized[K comparable, V any](m map[K]V, n int) map[K]V {
+	if len(m) > 0 {
+		return m
+	}
+	return make(map[K]V, n)
+}
+
 // merged is the value of a backend from all its users: local if any says
 // so, terminating only if all do. used is false when no port uses it.
 func (r *Reconciler) merged(ap netip.AddrPort) (dataplane.Backend, bool) {
 	var out dataplane.Backend
 	first := true
-	for k := range r.users[ap] {
+	for _, k := range r.users[ap] {
 		rec := r.ports[k]
 		if rec == nil {
 			continue
@@ -606,7 +646,8 @@ type wantedSet struct {
 }
 
 func (r *Reconciler) wanted() wantedSet {
-	w := wantedSet{map[dataplane.FrontendKey]bool{}, map[dataplane.SourceRange]bool{}, map[uint32]bool{}}
+	w := wantedSet{make(map[dataplane.FrontendKey]bool, len(r.frontends)), map[dataplane.SourceRange]bool{},
+		make(map[uint32]bool, len(r.tables))}
 	for _, rec := range r.ports {
 		for k := range rec.frontends {
 			w.frontends[k] = true
