@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -62,8 +63,9 @@ func (c *buildCache) lookup(key string) *cacheEntry {
 	return e
 }
 
-// store keeps perm, a table built over members members, under key.
-func (c *buildCache) store(key string, perm []uint32, members int) *cacheEntry {
+// newCacheEntry keeps perm, a table built over members members; perm
+// itself is not retained.
+func newCacheEntry(perm []uint32, members int) *cacheEntry {
 	e := &cacheEntry{used: true}
 	if members <= 1<<16 {
 		e.perm16 = make([]uint16, len(perm))
@@ -71,10 +73,14 @@ func (c *buildCache) store(key string, perm []uint32, members int) *cacheEntry {
 			e.perm16[i] = uint16(v)
 		}
 	} else {
-		e.perm32 = perm
+		e.perm32 = slices.Clone(perm)
 	}
-	c.entries[key] = e
 	return e
+}
+
+// store keeps e under key.
+func (c *buildCache) store(key string, e *cacheEntry) {
+	c.entries[key] = e
 }
 
 // sweep drops, after a full Apply (when every table was computed), the

@@ -923,7 +923,7 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 	type job struct {
 		in    *tableInput // the first input with these members
 		users []*tableInput
-		perm  []uint32
+		build *cacheEntry
 		err   error
 	}
 	var jobs []*job
@@ -955,9 +955,16 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 	}
 	if len(jobs) > 0 {
 		start := time.Now()
-		parallel(len(jobs), func(i int) {
+		scratch := make([][]uint32, workers())
+		parallel(len(jobs), func(w, i int) {
 			j := jobs[i]
-			j.perm, j.err = maglev.Build(j.in.members, j.in.size, r.cfg.MaglevSeed)
+			perm, err := maglev.BuildInto(scratch[w], j.in.members, j.in.size, r.cfg.MaglevSeed)
+			if err != nil {
+				j.err = err
+				return
+			}
+			scratch[w] = perm
+			j.build = newCacheEntry(perm, len(j.in.members))
 		})
 		for _, j := range jobs {
 			if j.err != nil {
@@ -966,15 +973,15 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 				}
 				continue
 			}
-			e := r.cache.store(j.in.key, j.perm, len(j.in.members))
+			r.cache.store(j.in.key, j.build)
 			for _, in := range j.users {
-				builds[in] = e
+				builds[in] = j.build
 			}
 			res.MaglevBuilds++
 		}
 		res.MaglevTime += time.Since(start)
 	}
-	parallel(len(inputs), func(i int) {
+	parallel(len(inputs), func(_, i int) {
 		in := inputs[i]
 		if e := builds[in]; e != nil {
 			t := &tableRecord{build: e, ids: in.ids}
@@ -984,23 +991,27 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 	})
 }
 
-// parallel calls f(0) ... f(n-1) on up to GOMAXPROCS goroutines.
-func parallel(n int, f func(i int)) {
-	workers := min(n, runtime.GOMAXPROCS(0))
-	if workers <= 1 {
+// workers is how many goroutines parallel uses at most.
+func workers() int { return runtime.GOMAXPROCS(0) }
+
+// parallel calls f(w, 0) ... f(w, n-1) on up to workers() goroutines; w
+// (below workers()) tells the goroutines apart.
+func parallel(n int, f func(w, i int)) {
+	ws := min(n, workers())
+	if ws <= 1 {
 		for i := 0; i < n; i++ {
-			f(i)
+			f(0, i)
 		}
 		return
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
+	for w := 0; w < ws; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				f(i)
+				f(w, i)
 			}
 		}()
 	}
