@@ -29,6 +29,9 @@ type Incremental struct {
 	claims   map[frontendID][]claimant // who claims each frontend
 	ports    map[string]*portState     // service port key -> its state
 	order    []string                  // service port keys in State order
+	pos      map[string]int            // index of each key in order and state
+	moved    bool                      // order changed since state was built
+	lossy    map[string]bool           // service port keys with losses
 	troubled map[svcID]bool            // Services with problems
 	calls    uint64
 	// owners remembers which Service each EndpointSlice object belongs
@@ -96,6 +99,8 @@ func (inc *Incremental) reset() {
 	inc.claims = map[frontendID][]claimant{}
 	inc.ports = map[string]*portState{}
 	inc.order = nil
+	inc.pos = map[string]int{}
+	inc.lossy = map[string]bool{}
 }
 
 // Update returns the state for in, its problems, and the keys (Service.Key)
@@ -217,12 +222,26 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	}
 	inc.reorder(changed)
 
-	st := State{Services: inc.state[:0]}
-	problems := c.problems
-	for _, k := range inc.order {
-		st.Services = append(st.Services, inc.ports[k].final)
+	// The state is rebuilt only when ports came or went; otherwise the
+	// changed ports are updated in place, so a sync costs little more
+	// than its changes.
+	if inc.moved || len(inc.state) != len(inc.order) {
+		inc.state = inc.state[:0]
+		clear(inc.pos)
+		for i, k := range inc.order {
+			inc.state = append(inc.state, inc.ports[k].final)
+			inc.pos[k] = i
+		}
+		inc.moved = false
+	} else {
+		for k := range changed {
+			if ps := inc.ports[k]; ps != nil {
+				inc.state[inc.pos[k]] = ps.final
+			}
+		}
 	}
-	inc.state = st.Services
+	st := State{Services: inc.state}
+	problems := c.problems
 	troubled := make([]svcID, 0, len(inc.troubled))
 	for id := range inc.troubled {
 		troubled = append(troubled, id)
@@ -233,7 +252,12 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	for _, id := range troubled {
 		problems = append(problems, inc.services[id].problems...)
 	}
-	for _, k := range inc.order {
+	lossy := make([]string, 0, len(inc.lossy))
+	for k := range inc.lossy {
+		lossy = append(lossy, k)
+	}
+	slices.SortFunc(lossy, func(a, b string) int { return cmp.Compare(inc.pos[a], inc.pos[b]) })
+	for _, k := range lossy {
 		ps := inc.ports[k]
 		for _, l := range ps.losses {
 			if l.winner.key == k {
@@ -267,6 +291,7 @@ func (inc *Incremental) drop(id svcID, changed map[string]bool, affected map[fro
 			affected[id] = true
 		}
 		delete(inc.ports, pk)
+		delete(inc.lossy, pk)
 	}
 }
 
@@ -286,6 +311,9 @@ func (inc *Incremental) resolve(affected map[frontendID]bool, changed map[string
 		for _, c := range cl {
 			if ps := inc.ports[c.key]; ps != nil && slices.ContainsFunc(ps.losses, same) {
 				ps.losses = slices.DeleteFunc(ps.losses, same)
+				if len(ps.losses) == 0 {
+					delete(inc.lossy, c.key)
+				}
 				changed[c.key] = true
 			}
 		}
@@ -300,6 +328,7 @@ func (inc *Incremental) resolve(affected map[frontendID]bool, changed map[string
 			if ps := inc.ports[c.key]; ps != nil {
 				f := Frontend{Addr: id.addr, Port: id.port, Protocol: id.proto, Kind: c.kind}
 				ps.losses = append(ps.losses, loss{f, w})
+				inc.lossy[c.key] = true
 				slices.SortFunc(ps.losses, func(a, b loss) int { return compareFrontends(a.frontend, b.frontend) })
 				changed[c.key] = true
 			}
@@ -326,6 +355,7 @@ func (inc *Incremental) reorder(changed map[string]bool) {
 		}
 	}
 	if gone {
+		inc.moved = true
 		inc.order = slices.DeleteFunc(inc.order, func(k string) bool { return changed[k] && inc.ports[k] == nil })
 	}
 	for k := range changed {
@@ -337,6 +367,7 @@ func (inc *Incremental) reorder(changed map[string]bool) {
 			return less(&inc.ports[e].pre.Service, t)
 		})
 		if !found {
+			inc.moved = true
 			inc.order = slices.Insert(inc.order, i, k)
 		}
 	}
