@@ -156,7 +156,7 @@ func controlPlaneRun(b *testing.B, n int) {
 	runtime.ReadMemStats(&before)
 	rssBefore := rssBytes()
 	if path := os.Getenv("XDPLB_BENCH_CPU_PROFILE"); path != "" {
-		f, err := os.Create(fmt.Sprintf("%s.%d", path, n))
+		f, err := os.Create(fmt.Sprintf("%s.cold.%d", path, n))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -176,8 +176,16 @@ func controlPlaneRun(b *testing.B, n int) {
 		b.Fatal("no first sync")
 	}
 	cold := time.Since(start)
-	if os.Getenv("XDPLB_BENCH_CPU_PROFILE") != "" {
+	if path := os.Getenv("XDPLB_BENCH_CPU_PROFILE"); path != "" {
 		pprof.StopCPUProfile()
+		f, err := os.Create(fmt.Sprintf("%s.changes.%d", path, n))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
 	}
 
 	var lat []time.Duration
@@ -198,6 +206,9 @@ func controlPlaneRun(b *testing.B, n int) {
 			}
 		}
 		lat = append(lat, time.Since(t0))
+	}
+	if os.Getenv("XDPLB_BENCH_CPU_PROFILE") != "" {
+		pprof.StopCPUProfile()
 	}
 	slices.Sort(lat)
 	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }

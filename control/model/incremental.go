@@ -38,7 +38,8 @@ type Incremental struct {
 	// to: objects from an informer are replaced, never modified, so the
 	// pointer identifies the content and its labels need not be read again.
 	owners, spareOwners map[*discoveryv1.EndpointSlice]svcID
-	bySvc               map[svcID][]*discoveryv1.EndpointSlice
+	bySvc               map[svcID][]*discoveryv1.EndpointSlice // kept current for the Services whose slices change
+	byPtr               map[*corev1.Service]*cachedService     // the cached Services by the object computed from
 	state               []Service
 }
 
@@ -47,6 +48,12 @@ type cachedService struct {
 	ports    []port // as computed, before conflicts between Services
 	problems []Problem
 	seen     uint64 // the call that last saw the Service
+	// svc is the object computed from; dirty is set when the Service's
+	// slices changed since; volatile when an input has no resourceVersion
+	// and so must be recomputed every time.
+	svc      *corev1.Service
+	dirty    bool
+	volatile bool
 }
 
 // inputVersions identifies a Service's inputs by resourceVersion, so an
@@ -95,6 +102,7 @@ func NewIncremental() *Incremental {
 
 func (inc *Incremental) reset() {
 	inc.services = map[svcID]*cachedService{}
+	inc.byPtr = map[*corev1.Service]*cachedService{}
 	inc.troubled = map[svcID]bool{}
 	inc.claims = map[frontendID][]claimant{}
 	inc.ports = map[string]*portState{}
@@ -124,17 +132,21 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	// Services, allocating them afresh made the garbage collector the
 	// largest cost of a sync.
 	if inc.bySvc == nil {
-		inc.bySvc = make(map[svcID][]*discoveryv1.EndpointSlice, len(in.Services))
+		inc.bySvc = make(map[svcID][]*discoveryv1.EndpointSlice, len(in.Slices))
 	}
 	bySvc := inc.bySvc
-	for id, ss := range bySvc {
-		bySvc[id] = ss[:0]
-	}
+
+	// EndpointSlices: objects are replaced, never modified, so a slice
+	// seen before (by pointer) belongs to the same Service as before.
+	// The Services whose slices came or went are dirty, and only their
+	// lists in bySvc are rebuilt, in input order.
 	owners := inc.spareOwners
 	if owners == nil {
 		owners = make(map[*discoveryv1.EndpointSlice]svcID, len(in.Slices))
 	}
 	clear(owners)
+	dirty := map[svcID]bool{}
+	unlabeled := map[svcID]bool{}
 	for _, s := range in.Slices {
 		if s == nil {
 			continue
@@ -142,16 +154,52 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 		id, ok := inc.owners[s]
 		if !ok {
 			id = svcID{s.Namespace, s.Labels[discoveryv1.LabelServiceName]}
+			dirty[id] = true
+		}
+		if id.name == "" {
+			unlabeled[id] = true
 		}
 		owners[s] = id
-		bySvc[id] = append(bySvc[id], s)
+	}
+	for s, id := range inc.owners {
+		if _, ok := owners[s]; !ok {
+			dirty[id] = true
+		}
 	}
 	inc.owners, inc.spareOwners = owners, inc.owners
+	if len(dirty) > 0 {
+		for id := range dirty {
+			bySvc[id] = bySvc[id][:0]
+			if cs := inc.services[id]; cs != nil {
+				cs.dirty = true
+			}
+		}
+		for _, s := range in.Slices {
+			if s == nil {
+				continue
+			}
+			if id := owners[s]; dirty[id] {
+				bySvc[id] = append(bySvc[id], s)
+			}
+		}
+		for id := range dirty {
+			if len(bySvc[id]) == 0 {
+				delete(bySvc, id)
+			}
+		}
+	}
 
 	affected := map[frontendID]bool{}
+	seen := 0
 	for i, svc := range in.Services {
 		if svc == nil {
 			c.report("Service", "#"+strconv.Itoa(i), "", "nil Service skipped")
+			continue
+		}
+		// The same object as last time, with the same slices: unchanged.
+		if cs := inc.byPtr[svc]; cs != nil && cs.seen != inc.calls && !cs.dirty && !cs.volatile {
+			cs.seen = inc.calls
+			seen++
 			continue
 		}
 		id := svcID{svc.Namespace, svc.Name}
@@ -160,8 +208,15 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 			c.report("Service", id.namespace+"/"+id.name, "", "listed twice; the later copy is ignored")
 			continue
 		}
+		seen++
 		if cs != nil && cs.inputs.same(svc, bySvc[id]) {
 			cs.seen = inc.calls
+			cs.dirty = false
+			if cs.svc != svc {
+				delete(inc.byPtr, cs.svc)
+				cs.svc = svc
+				inc.byPtr[svc] = cs
+			}
 			continue
 		}
 		key := id.namespace + "/" + id.name
@@ -169,8 +224,14 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 		groups := one.groupSlices(bySvc[id])
 		one.addService(svc, groups[key])
 		inc.drop(id, changed, affected)
-		cs = &cachedService{inputs: versionsOf(svc, bySvc[id]), ports: one.ports, problems: one.problems, seen: inc.calls}
+		if cs != nil {
+			delete(inc.byPtr, cs.svc)
+		}
+		cs = &cachedService{inputs: versionsOf(svc, bySvc[id]), ports: one.ports, problems: one.problems,
+			seen: inc.calls, svc: svc}
+		cs.volatile = cs.inputs.volatile()
 		inc.services[id] = cs
+		inc.byPtr[svc] = cs
 		if len(cs.problems) > 0 {
 			inc.troubled[id] = true
 		}
@@ -187,25 +248,23 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 			}
 		}
 	}
-	for id, cs := range inc.services {
-		if cs.seen != inc.calls {
-			inc.drop(id, changed, affected)
-			delete(inc.services, id)
+	if seen != len(inc.services) {
+		for id, cs := range inc.services {
+			if cs.seen != inc.calls {
+				inc.drop(id, changed, affected)
+				delete(inc.services, id)
+				delete(inc.byPtr, cs.svc)
+			}
 		}
 	}
-	for id, ss := range bySvc {
-		if len(ss) == 0 {
-			delete(bySvc, id)
-			continue
-		}
+	// Slices without the service-name label belong to no Service.
+	for id := range unlabeled {
 		if cs := inc.services[id]; cs != nil && cs.seen == inc.calls {
 			continue
 		}
-		for _, s := range ss {
-			if s.Labels[discoveryv1.LabelServiceName] == "" {
-				c.report("EndpointSlice", s.Namespace+"/"+s.Name, "metadata.labels",
-					"no %s label; slice ignored", discoveryv1.LabelServiceName)
-			}
+		for _, s := range bySvc[id] {
+			c.report("EndpointSlice", s.Namespace+"/"+s.Name, "metadata.labels",
+				"no %s label; slice ignored", discoveryv1.LabelServiceName)
 		}
 	}
 
@@ -382,6 +441,20 @@ func versionsOf(svc *corev1.Service, ss []*discoveryv1.EndpointSlice) inputVersi
 	}
 	slices.SortFunc(v.slices, func(a, b sliceVersion) int { return cmp.Compare(a.name, b.name) })
 	return v
+}
+
+// volatile reports whether an input has no version, so that it cannot be
+// recognised as unchanged.
+func (v *inputVersions) volatile() bool {
+	if v.version == "" {
+		return true
+	}
+	for _, s := range v.slices {
+		if s.version == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // same reports whether the inputs are unchanged.
