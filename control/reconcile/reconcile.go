@@ -62,10 +62,14 @@ const (
 
 // tableRecord is one Maglev table of a service port.
 type tableRecord struct {
-	// Until the table is written: its build (slot -> index into ids) and
-	// the backend ids; afterwards only the digest is kept.
-	build  *cacheEntry
-	ids    []uint32
+	// key names the build's inputs and ids are the backend id of each
+	// member: together they determine the slots, so a later Apply that
+	// finds both unchanged keeps the table without building it again.
+	key string
+	ids []uint32
+	// build (slot -> index into ids) is held only until the table is
+	// written.
+	build  *maglevBuild
 	digest uint64
 }
 
@@ -93,9 +97,13 @@ type tableInput struct {
 	members []maglev.Backend
 	ids     []uint32 // backend id of each member
 	size    uint32
-	key     string // in the build cache
+	key     string // names the build (buildKey)
 	err     error
-	table   *tableRecord // the result; nil for no table
+	// prev is the port's table as applied before, if any; id is the
+	// table's id.
+	prev  *tableRecord
+	id    uint32
+	table *tableRecord // the result; nil for no table
 }
 
 // pendingPort is the part of a port's record that waits for its tables.
@@ -151,8 +159,6 @@ type Reconciler struct {
 	// service ports their old ids back.
 	adopted map[dataplane.FrontendKey]dataplane.Frontend
 
-	cache *buildCache
-
 	// Names and counter resets of service ids allocated since the last
 	// flushIDs, written in batches.
 	newNames    map[uint32]string
@@ -175,7 +181,6 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 		tables:     map[uint32]uint64{},
 		ranges:     map[dataplane.SourceRange]bool{},
 		usedIDs:    map[uint32]bool{},
-		cache:      newBuildCache(),
 		newNames:   map[uint32]string{},
 
 		usedBackendIDs: map[uint32]bool{},
@@ -327,7 +332,6 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	}
 	r.adopted = nil
 	r.adoptedIDs = map[uint32]bool{}
-	r.cache.sweep(full)
 	return res, err
 }
 
@@ -386,7 +390,7 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 			continue
 		}
 		for _, t := range rec.tables {
-			t.build, t.ids = nil, nil // written: the digest is enough from now on
+			t.build = nil // written: key, ids and digest identify it from now on
 		}
 	}
 	// 3. Source ranges, then frontends.
@@ -718,7 +722,12 @@ func (r *Reconciler) record(svc *model.Service) *portRecord {
 		if set == localSet {
 			eps = svc.LocalSet
 		}
-		p.sets[set] = r.tableInput(eps)
+		in := r.tableInput(eps)
+		in.id = tableID(id, set)
+		if old := r.ports[key]; old != nil && old.id == id {
+			in.prev = old.tables[in.id]
+		}
+		p.sets[set] = in
 		p.order = append(p.order, set)
 	}
 	for _, f := range svc.Frontends {
@@ -912,24 +921,24 @@ func (r *Reconciler) tableInput(eps []model.Endpoint) *tableInput {
 		in.err = fmt.Errorf("%d endpoints exceed the largest Maglev table", len(members))
 		return in
 	}
-	in.key = cacheKey(members, in.size)
+	in.key = buildKey(members, in.size)
 	return in
 }
 
-// buildTables builds the tables of recs: each distinct member set not in
-// the cache once, on all CPUs. A build depends only on its inputs, so the
-// tables are the same however the work is spread.
+// buildTables builds the tables of recs that differ from those applied
+// before: each distinct member set once, on all CPUs. A build depends only
+// on its inputs, so the tables are the same however the work is spread.
 func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 	type job struct {
 		in    *tableInput // the first input with these members
 		users []*tableInput
-		build *cacheEntry
+		build *maglevBuild
 		err   error
 	}
 	var jobs []*job
 	byKey := map[string]*job{}
 	var inputs []*tableInput
-	builds := map[*tableInput]*cacheEntry{}
+	builds := map[*tableInput]*maglevBuild{}
 	for _, rec := range recs {
 		if rec.pending == nil {
 			continue
@@ -939,11 +948,12 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 			if in.err != nil || len(in.members) == 0 {
 				continue
 			}
-			inputs = append(inputs, in)
-			if e := r.cache.lookup(in.key); e != nil {
-				builds[in] = e
+			if p := in.prev; p != nil && p.key == in.key && slices.Equal(p.ids, in.ids) && r.tables[in.id] == p.digest {
+				// Written already, and its inputs are the same.
+				in.table = &tableRecord{key: p.key, ids: p.ids, digest: p.digest}
 				continue
 			}
+			inputs = append(inputs, in)
 			j := byKey[in.key]
 			if j == nil {
 				j = &job{in: in}
@@ -964,7 +974,7 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 				return
 			}
 			scratch[w] = perm
-			j.build = newCacheEntry(perm, len(j.in.members))
+			j.build = newMaglevBuild(perm, len(j.in.members))
 		})
 		for _, j := range jobs {
 			if j.err != nil {
@@ -973,7 +983,6 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 				}
 				continue
 			}
-			r.cache.store(j.in.key, j.build)
 			for _, in := range j.users {
 				builds[in] = j.build
 			}
@@ -984,7 +993,7 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 	parallel(len(inputs), func(_, i int) {
 		in := inputs[i]
 		if e := builds[in]; e != nil {
-			t := &tableRecord{build: e, ids: in.ids}
+			t := &tableRecord{key: in.key, ids: in.ids, build: e}
 			t.digest = tableDigest(t)
 			in.table = t
 		}
