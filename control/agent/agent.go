@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"sync/atomic"
@@ -280,6 +281,10 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 	}
 }
 
+// releaseAfterTables is the number of tables written by one sync after
+// which the agent hands freed memory back to the OS.
+const releaseAfterTables = 1000
+
 // sync computes the desired state from the source and applies it.
 func (a *Agent) sync(ctx context.Context) error {
 	st := a.src.Status()
@@ -360,6 +365,13 @@ func (a *Agent) sync(ctx context.Context) error {
 		}()
 	}
 	a.syncHealthCheckNodePorts(state)
+	if res.TablesWritten >= releaseAfterTables {
+		// A sync that wrote this many tables (the first one, mostly) left
+		// garbage several times the agent's live memory; collect it and
+		// return it to the OS now rather than keep it resident until the
+		// heap grows back to that size.
+		go debug.FreeOSMemory()
+	}
 
 	a.syncs++
 	if a.synced != nil {
