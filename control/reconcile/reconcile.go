@@ -123,7 +123,7 @@ type portRecord struct {
 	ranges []dataplane.SourceRange
 	// backends is this port's view of its endpoints; a backend several
 	// ports share is merged from all views.
-	backends map[netip.AddrPort]dataplane.Backend
+	backends backendList
 	problems []string
 	pending  *pendingPort
 }
@@ -298,7 +298,8 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	touched := make(map[netip.AddrPort]bool, nBackends)
 	for k, rec := range next {
 		if old := r.ports[k]; old != nil {
-			for ap := range old.backends {
+			for _, b := range old.backends {
+				ap := b.addrPort()
 				touched[ap] = true
 				if us, ok := r.users[ap]; ok {
 					r.users[ap] = slices.DeleteFunc(us, func(u string) bool { return u == k })
@@ -306,7 +307,8 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 			}
 		}
 		if rec != nil {
-			for ap := range rec.backends {
+			for _, b := range rec.backends {
+				ap := b.addrPort()
 				touched[ap] = true
 				if !slices.Contains(r.users[ap], k) {
 					r.users[ap] = append(r.users[ap], k)
@@ -556,24 +558,20 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 	return nil
 }
 
-// reserve sizes the empty maps for the ports in byKey, typically before
-// the first Apply: growing them an entry at a time to 100k backends costs
-// more than filling them.
+// reserve sizes the empty maps keyed by port or frontend for the ports in
+// byKey, typically before the first Apply, rather than grow them an entry
+// at a time. The maps keyed by backend grow instead: ports often share
+// backends, so their endpoints would overestimate them.
 func (r *Reconciler) reserve(byKey map[string]*model.Service) {
 	if len(byKey) < 1024 {
 		return
 	}
-	var eps, fes int
+	fes := 0
 	for _, svc := range byKey {
 		if svc != nil {
-			eps += len(svc.Endpoints)
 			fes += len(svc.Frontends)
 		}
 	}
-	r.users = presized(r.users, eps)
-	r.backendIDs = presized(r.backendIDs, eps)
-	r.backends = presized(r.backends, eps)
-	r.usedBackendIDs = presized(r.usedBackendIDs, eps)
 	r.frontends = presized(r.frontends, fes)
 	r.tables = presized(r.tables, len(byKey))
 	r.usedIDs = presized(r.usedIDs, len(byKey))
@@ -588,6 +586,39 @@ func presized[K comparable, V any](m map[K]V, n int) map[K]V {
 	return make(map[K]V, n)
 }
 
+// backend is a port's view of one of its endpoints.
+type backend struct{ dataplane.Backend }
+
+func (b backend) addrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }
+
+// backendList is a port's backends ordered by address and port, each
+// once: smaller than a map for the few endpoints most ports have.
+type backendList []backend
+
+// sorted orders l and keeps the last of duplicates, as a map filled in
+// l's order would.
+func (l backendList) sorted() backendList {
+	slices.SortStableFunc(l, func(a, b backend) int { return a.addrPort().Compare(b.addrPort()) })
+	out := l[:0]
+	for _, b := range l {
+		if n := len(out); n > 0 && out[n-1].addrPort() == b.addrPort() {
+			out[n-1] = b
+			continue
+		}
+		out = append(out, b)
+	}
+	return slices.Clip(out)
+}
+
+// find returns the backend at ap.
+func (l backendList) find(ap netip.AddrPort) (dataplane.Backend, bool) {
+	i, ok := slices.BinarySearchFunc(l, ap, func(b backend, ap netip.AddrPort) int { return b.addrPort().Compare(ap) })
+	if !ok {
+		return dataplane.Backend{}, false
+	}
+	return l[i].Backend, true
+}
+
 // merged is the value of a backend from all its users: local if any says
 // so, terminating only if all do. used is false when no port uses it.
 func (r *Reconciler) merged(ap netip.AddrPort) (dataplane.Backend, bool) {
@@ -598,7 +629,7 @@ func (r *Reconciler) merged(ap netip.AddrPort) (dataplane.Backend, bool) {
 		if rec == nil {
 			continue
 		}
-		b, ok := rec.backends[ap]
+		b, ok := rec.backends.find(ap)
 		if !ok {
 			continue
 		}
@@ -684,7 +715,7 @@ func (r *Reconciler) record(svc *model.Service) *portRecord {
 	rec := &portRecord{
 		frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
 		tables:    map[uint32]*tableRecord{},
-		backends:  make(map[netip.AddrPort]dataplane.Backend, len(svc.Endpoints)),
+		backends:  make(backendList, 0, len(svc.Endpoints)),
 	}
 	id, ok := r.serviceID(key, svc)
 	if !ok {
@@ -708,9 +739,10 @@ func (r *Reconciler) record(svc *model.Service) *portRecord {
 			}
 			r.backendIDs[ap] = bid
 		}
-		rec.backends[ap] = dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
-			Terminating: e.Terminating || !e.Serving}
+		rec.backends = append(rec.backends, backend{dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
+			Terminating: e.Terminating || !e.Serving}})
 	}
+	rec.backends = rec.backends.sorted()
 
 	// The tables the frontends use, and only those.
 	p := &pendingPort{svc: svc}
