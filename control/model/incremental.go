@@ -3,9 +3,12 @@ package model
 import (
 	"cmp"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -92,6 +95,10 @@ type portState struct {
 	losses []loss  // frontends lost to other claims
 	final  Service // what State holds
 }
+
+// parallelMin is the number of Services to recompute per goroutine below
+// which Update computes them on one.
+const parallelMin = 256
 
 // NewIncremental returns an empty cache.
 func NewIncremental() *Incremental {
@@ -189,7 +196,17 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 		}
 	}
 
-	affected := map[frontendID]bool{}
+	// Find the Services to recompute, compute them (on all CPUs when
+	// there are many: each depends only on its own objects), and merge
+	// the results in input order.
+	type job struct {
+		id   svcID
+		svc  *corev1.Service
+		prev *cachedService
+		one  *computer
+	}
+	var jobs []*job
+	var queued map[svcID]bool
 	seen := 0
 	for i, svc := range in.Services {
 		if svc == nil {
@@ -204,7 +221,7 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 		}
 		id := svcID{svc.Namespace, svc.Name}
 		cs := inc.services[id]
-		if cs != nil && cs.seen == inc.calls {
+		if (cs != nil && cs.seen == inc.calls) || queued[id] {
 			c.report("Service", id.namespace+"/"+id.name, "", "listed twice; the later copy is ignored")
 			continue
 		}
@@ -219,15 +236,44 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 			}
 			continue
 		}
-		key := id.namespace + "/" + id.name
-		one := &computer{node: in.Node, nodeAddrs: c.nodeAddrs}
-		groups := one.groupSlices(bySvc[id])
-		one.addService(svc, groups[key])
-		inc.drop(id, changed, affected)
-		if cs != nil {
-			delete(inc.byPtr, cs.svc)
+		if queued == nil {
+			queued = map[svcID]bool{}
 		}
-		cs = &cachedService{inputs: versionsOf(svc, bySvc[id]), ports: one.ports, problems: one.problems,
+		queued[id] = true
+		jobs = append(jobs, &job{id: id, svc: svc, prev: cs})
+	}
+	compute := func(j *job) {
+		key := j.id.namespace + "/" + j.id.name
+		j.one = &computer{node: in.Node, nodeAddrs: c.nodeAddrs}
+		groups := j.one.groupSlices(bySvc[j.id])
+		j.one.addService(j.svc, groups[key])
+	}
+	if workers := min(len(jobs)/parallelMin, runtime.GOMAXPROCS(0)); workers > 1 {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := int(next.Add(1) - 1); i < len(jobs); i = int(next.Add(1) - 1) {
+					compute(jobs[i])
+				}
+			}()
+		}
+		wg.Wait()
+	} else {
+		for _, j := range jobs {
+			compute(j)
+		}
+	}
+	affected := map[frontendID]bool{}
+	for _, j := range jobs {
+		id, svc, one := j.id, j.svc, j.one
+		inc.drop(id, changed, affected)
+		if j.prev != nil {
+			delete(inc.byPtr, j.prev.svc)
+		}
+		cs := &cachedService{inputs: versionsOf(svc, bySvc[id]), ports: one.ports, problems: one.problems,
 			seen: inc.calls, svc: svc}
 		cs.volatile = cs.inputs.volatile()
 		inc.services[id] = cs

@@ -124,3 +124,37 @@ func problemStrings(ps []Problem) []string {
 	sort.Strings(out)
 	return out
 }
+
+// TestIncrementalManyServices covers the first computation of many
+// Services at once (spread over goroutines), including node ports that
+// several Services claim, against Compute.
+func TestIncrementalManyServices(t *testing.T) {
+	node := NodeInfo{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}
+	var in Input
+	in.Node = node
+	for i := 0; i < 1500; i++ {
+		name := fmt.Sprintf("s%d", i)
+		// One Service in twenty claims the node port of the one before.
+		nodePort := int32(30000 + i)
+		if i%20 == 1 {
+			nodePort--
+		}
+		in.Services = append(in.Services, incService(name, "1", fmt.Sprintf("10.96.%d.%d", i/256, i%256), nodePort))
+		in.Slices = append(in.Slices, incSlice(name, "1", fmt.Sprintf("10.244.%d.%d", i/256, i%256)))
+	}
+	in.Services = append(in.Services, in.Services[7]) // listed twice
+	inc := NewIncremental()
+	for step := 0; step < 2; step++ {
+		want, wantProblems := Compute(in)
+		got, problems, _ := inc.Update(in)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: incremental state differs from Compute", step)
+		}
+		if p, w := problemStrings(problems), problemStrings(wantProblems); !reflect.DeepEqual(p, w) {
+			t.Fatalf("step %d: problems differ from Compute:\n got %q\nwant %q", step, p, w)
+		}
+		for i := 0; i < len(in.Slices); i += 7 {
+			in.Slices[i] = incSlice(fmt.Sprintf("s%d", i), "2", fmt.Sprintf("10.245.%d.%d", i/256, i%256))
+		}
+	}
+}
