@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"sync/atomic"
@@ -280,6 +281,10 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 	}
 }
 
+// releaseAfterTables is the number of tables written by one sync after
+// which the agent hands freed memory back to the OS.
+const releaseAfterTables = 1000
+
 // sync computes the desired state from the source and applies it.
 func (a *Agent) sync(ctx context.Context) error {
 	st := a.src.Status()
@@ -302,7 +307,13 @@ func (a *Agent) sync(ctx context.Context) error {
 	} else {
 		ports := make(map[string]*model.Service, len(changed))
 		for k := range changed {
-			ports[k] = a.model.Port(k)
+			if p := a.model.Port(k); p != nil {
+				s := *p
+				a.filterPort(&s, nil) // reported with the whole state above
+				ports[k] = &s
+			} else {
+				ports[k] = nil
+			}
 		}
 		res, err = a.rec.ApplyChanges(ctx, ports)
 	}
@@ -354,6 +365,13 @@ func (a *Agent) sync(ctx context.Context) error {
 		}()
 	}
 	a.syncHealthCheckNodePorts(state)
+	if res.TablesWritten >= releaseAfterTables {
+		// A sync that wrote this many tables (the first one, mostly) left
+		// garbage several times the agent's live memory; collect it and
+		// return it to the OS now rather than keep it resident until the
+		// heap grows back to that size.
+		go debug.FreeOSMemory()
+	}
 
 	a.syncs++
 	if a.synced != nil {
@@ -446,20 +464,37 @@ func (a *Agent) syncHealthCheckNodePorts(state model.State) {
 }
 
 // filterNodePorts drops NodePort frontends outside the node port range.
+// The frontends are shared with the model, so a port that loses some gets
+// a new slice.
 func (a *Agent) filterNodePorts(st model.State, problems *[]model.Problem) model.State {
 	for i := range st.Services {
-		s := &st.Services[i]
-		s.Frontends = slices.DeleteFunc(s.Frontends, func(f model.Frontend) bool {
-			if f.Kind != model.NodePort || (f.Port >= a.cfg.NodePortMin && f.Port <= a.cfg.NodePortMax) {
-				return false
-			}
+		a.filterPort(&st.Services[i], problems)
+	}
+	return st
+}
+
+// filterPort drops the NodePort frontends of s outside the node port
+// range, reporting each to problems when it is not nil.
+func (a *Agent) filterPort(s *model.Service, problems *[]model.Problem) {
+	outside := func(f model.Frontend) bool {
+		return f.Kind == model.NodePort && (f.Port < a.cfg.NodePortMin || f.Port > a.cfg.NodePortMax)
+	}
+	if !slices.ContainsFunc(s.Frontends, outside) {
+		return
+	}
+	kept := make([]model.Frontend, 0, len(s.Frontends))
+	for _, f := range s.Frontends {
+		if !outside(f) {
+			kept = append(kept, f)
+			continue
+		}
+		if problems != nil {
 			*problems = append(*problems, model.Problem{Kind: "Service", Object: s.Namespace + "/" + s.Name,
 				Field: "spec.ports[].nodePort", Message: fmt.Sprintf("node port %d outside --nodeport-range %d-%d",
 					f.Port, a.cfg.NodePortMin, a.cfg.NodePortMax)})
-			return true
-		})
+		}
 	}
-	return st
+	s.Frontends = kept
 }
 
 // nodeAddresses are the addresses that get NodePort frontends.

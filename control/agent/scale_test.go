@@ -154,6 +154,17 @@ func controlPlaneRun(b *testing.B, n int) {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
+	rssBefore := rssBytes()
+	if path := os.Getenv("XDPLB_BENCH_CPU_PROFILE"); path != "" {
+		f, err := os.Create(fmt.Sprintf("%s.cold.%d", path, n))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+	}
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -165,6 +176,17 @@ func controlPlaneRun(b *testing.B, n int) {
 		b.Fatal("no first sync")
 	}
 	cold := time.Since(start)
+	if path := os.Getenv("XDPLB_BENCH_CPU_PROFILE"); path != "" {
+		pprof.StopCPUProfile()
+		f, err := os.Create(fmt.Sprintf("%s.changes.%d", path, n))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+	}
 
 	var lat []time.Duration
 	changes := 200
@@ -184,6 +206,9 @@ func controlPlaneRun(b *testing.B, n int) {
 			}
 		}
 		lat = append(lat, time.Since(t0))
+	}
+	if os.Getenv("XDPLB_BENCH_CPU_PROFILE") != "" {
+		pprof.StopCPUProfile()
 	}
 	slices.Sort(lat)
 	p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
@@ -205,14 +230,16 @@ func controlPlaneRun(b *testing.B, n int) {
 	b.ReportMetric(cold.Seconds(), "cold-sync-s")
 	b.ReportMetric(float64(p(0.5).Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(p(0.99).Microseconds())/1000, "p99-ms")
-	b.ReportMetric(float64(rssBytes())/(1<<20), "rss-MiB")
+	rss := rssBytes()
+	b.ReportMetric(float64(rss)/(1<<20), "rss-MiB")
+	b.ReportMetric(float64(rss-rssBefore)/(1<<20), "rss-growth-MiB")
 	b.ReportMetric(agentHeap, "agent-heap-MiB")
 	b.ReportMetric(float64(mapBytes)/(1<<20), "bpf-maps-MiB")
 	b.ReportMetric(0, "ns/op")
 	fmt.Printf("control plane, %d services x 10 endpoints: cold sync %s, programming latency p50 %s p99 %s, "+
-		"agent heap %.0f MiB (process RSS %.0f MiB, with the test's own objects), BPF maps %.0f MiB\n",
+		"agent heap %.0f MiB (process RSS %.0f MiB, with the test's own objects; %.0f MiB of it since the agent started), BPF maps %.0f MiB\n",
 		n, cold.Round(time.Millisecond), p(0.5).Round(10*time.Microsecond), p(0.99).Round(10*time.Microsecond),
-		agentHeap, float64(rssBytes())/(1<<20), float64(mapBytes)/(1<<20))
+		agentHeap, float64(rss)/(1<<20), float64(rss-rssBefore)/(1<<20), float64(mapBytes)/(1<<20))
 	cancel()
 	<-done
 	if err := loader.Detach(opts.PinRoot); err != nil {

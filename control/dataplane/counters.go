@@ -60,6 +60,20 @@ func (d *Dataplane) ResetServiceCounters(svcID uint32) error {
 	return nil
 }
 
+// ResetServicesCounters zeroes the counters of many service ports at once
+// (batched).
+func (d *Dataplane) ResetServicesCounters(ids []uint32) error {
+	cpus := possibleCPUs()
+	for start := 0; start < len(ids); start += batchChunk {
+		keys := ids[start:min(start+batchChunk, len(ids))]
+		zero := make([]xdp.NicSvcCounter, len(keys)*cpus)
+		if _, err := d.m.SvcStats.BatchUpdate(keys, zero, nil); err != nil {
+			return fmt.Errorf("reset counters of %d services: %w", len(keys), err)
+		}
+	}
+	return nil
+}
+
 // possibleCPUs is the number of per-CPU slots a per-CPU map value has.
 func possibleCPUs() int {
 	n, err := ebpf.PossibleCPU()

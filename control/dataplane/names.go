@@ -13,6 +13,30 @@ import (
 
 // PutServiceName records the key of a service port id for introspection.
 func (d *Dataplane) PutServiceName(id uint32, key string) error {
+	if err := d.m.SvcNames.Put(id, serviceName(key)); err != nil {
+		return fmt.Errorf("name service %d: %w", id, err)
+	}
+	return nil
+}
+
+// PutServiceNames records the keys of many service port ids (batched).
+func (d *Dataplane) PutServiceNames(names map[uint32]string) error {
+	keys := make([]uint32, 0, len(names))
+	vals := make([]xdp.NicSvcName, 0, len(names))
+	for id, key := range names {
+		keys = append(keys, id)
+		vals = append(vals, serviceName(key))
+	}
+	for start := 0; start < len(keys); start += batchChunk {
+		end := min(start+batchChunk, len(keys))
+		if _, err := d.m.SvcNames.BatchUpdate(keys[start:end], vals[start:end], nil); err != nil {
+			return fmt.Errorf("name %d services: %w", end-start, err)
+		}
+	}
+	return nil
+}
+
+func serviceName(key string) xdp.NicSvcName {
 	var v xdp.NicSvcName
 	if len(key) >= len(v.Key) {
 		key = key[:len(v.Key)-1]
@@ -20,10 +44,7 @@ func (d *Dataplane) PutServiceName(id uint32, key string) error {
 	for i := 0; i < len(key); i++ {
 		v.Key[i] = int8(key[i])
 	}
-	if err := d.m.SvcNames.Put(id, v); err != nil {
-		return fmt.Errorf("name service %d: %w", id, err)
-	}
-	return nil
+	return v
 }
 
 // DeleteServiceName forgets the name of a service port id.

@@ -1,10 +1,15 @@
 package dataplane
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -15,50 +20,148 @@ import (
 // map in one update, so the datapath sees either the old table or the new
 // one, never a mix.
 func (d *Dataplane) PutTable(id uint32, slots []uint32) error {
-	if id == 0 {
-		return errors.New("table id 0 is reserved")
+	_, err := d.PutTables(context.Background(), []TableContent{{ID: id, Size: len(slots),
+		Slot: func(i int) uint32 { return slots[i] }}})
+	return err
+}
+
+// TableContent is a Maglev table to install: Size slots, slot i holding
+// backend id Slot(i).
+type TableContent struct {
+	ID   uint32
+	Size int
+	Slot func(i int) uint32
+}
+
+// tablesPerBatch bounds the inner maps (and file descriptors) held open
+// at once by PutTables.
+const tablesPerBatch = 512
+
+// PutTables installs many tables as PutTable does, each swapped in whole,
+// with one batch update of the outer map per tablesPerBatch tables. The
+// inner maps of a batch are filled through mappings placed side by side in
+// one reserved range, so a single munmap (a TLB flush on every CPU) drops
+// them all. It returns how many tables, from the start of tables, are
+// installed: all of them unless there is an error.
+func (d *Dataplane) PutTables(ctx context.Context, tables []TableContent) (int, error) {
+	for _, t := range tables {
+		if t.ID == 0 {
+			return 0, errors.New("table id 0 is reserved")
+		}
+		if t.Size <= 0 {
+			return 0, fmt.Errorf("table %d: empty table (use table id 0 for no backends)", t.ID)
+		}
 	}
-	if len(slots) == 0 {
-		return fmt.Errorf("table %d: empty table (use table id 0 for no backends)", id)
+	workers := runtime.GOMAXPROCS(0)
+	inners := make([]*ebpf.Map, min(len(tables), tablesPerBatch))
+	keys := make([]uint32, 0, len(inners))
+	fds := make([]uint32, 0, len(inners))
+	done := 0
+	for start := 0; start < len(tables); start += tablesPerBatch {
+		if err := ctx.Err(); err != nil {
+			return done, err
+		}
+		chunk := tables[start:min(start+tablesPerBatch, len(tables))]
+		err := createTables(chunk, inners[:len(chunk)], workers)
+		if err == nil {
+			keys, fds = keys[:0], fds[:0]
+			for i, t := range chunk {
+				keys = append(keys, t.ID)
+				fds = append(fds, uint32(inners[i].FD()))
+			}
+			var n int
+			n, err = d.m.MaglevTables.BatchUpdate(keys, fds, nil)
+			if err != nil {
+				err = fmt.Errorf("swap in %d tables: %w", len(keys), err)
+			}
+			done += n
+		}
+		for i, m := range inners[:len(chunk)] {
+			if m != nil {
+				m.Close()
+				inners[i] = nil
+			}
+		}
+		if err != nil {
+			return done, err
+		}
 	}
+	return done, nil
+}
+
+// tableBytes is the length of the mapping of a table of size slots:
+// slot 0 holds the size, and elements are 8 bytes apart (array values
+// are 8-byte aligned).
+func tableBytes(size int) uintptr {
+	page := uintptr(os.Getpagesize())
+	return (uintptr(size+1)*8 + page - 1) / page * page
+}
+
+// createTables creates and fills an inner map per table, on up to workers
+// goroutines. The maps created are left in inners, also on error, for the
+// caller to close.
+func createTables(tables []TableContent, inners []*ebpf.Map, workers int) error {
+	offsets := make([]uintptr, len(tables)+1)
+	for i, t := range tables {
+		offsets[i+1] = offsets[i] + tableBytes(t.Size)
+	}
+	// Reserve the address range; each table's mapping replaces its part.
+	window, err := unix.MmapPtr(-1, 0, nil, offsets[len(tables)], unix.PROT_NONE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return fmt.Errorf("reserve address space for %d tables: %w", len(tables), err)
+	}
+	defer unix.MunmapPtr(window, offsets[len(tables)])
+
+	var next atomic.Int64
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(tables) || errs[w] != nil {
+					return
+				}
+				inners[i], errs[w] = newTable(tables[i], unsafe.Add(window, offsets[i]))
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// newTable creates an inner map holding t, filled through a mapping at
+// addr, which stays until the caller unmaps it.
+func newTable(t TableContent, addr unsafe.Pointer) (*ebpf.Map, error) {
 	inner, err := ebpf.NewMap(&ebpf.MapSpec{
 		Name:       "maglev_table",
 		Type:       ebpf.Array,
 		KeySize:    4,
 		ValueSize:  4,
-		MaxEntries: uint32(len(slots)) + 1,
+		MaxEntries: uint32(t.Size) + 1,
 		// Must match the outer map's template: tables of any size,
 		// filled through a memory mapping.
 		Flags: unix.BPF_F_INNER_MAP | unix.BPF_F_MMAPABLE,
 	})
 	if err != nil {
-		return fmt.Errorf("table %d: create: %w", id, err)
+		return nil, fmt.Errorf("table %d: create: %w", t.ID, err)
 	}
-	defer inner.Close()
-	if err := fillTable(inner, slots); err != nil {
-		return fmt.Errorf("table %d: fill: %w", id, err)
-	}
-	if err := d.m.MaglevTables.Put(id, inner); err != nil {
-		return fmt.Errorf("table %d: swap in: %w", id, err)
-	}
-	return nil
-}
-
-// fillTable writes slot 0 (the size) and the slots through a mapping of
-// the array: elements are 8 bytes apart (array values are 8-byte aligned).
-func fillTable(m *ebpf.Map, slots []uint32) error {
-	const stride = 8
-	size := (len(slots) + 1) * stride
-	page := os.Getpagesize()
-	buf, err := unix.Mmap(m.FD(), 0, (size+page-1)/page*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	length := tableBytes(t.Size)
+	p, err := unix.MmapPtr(inner.FD(), 0, addr, length, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED)
 	if err != nil {
-		return err
+		inner.Close()
+		return nil, fmt.Errorf("table %d: map: %w", t.ID, err)
 	}
-	binary.NativeEndian.PutUint32(buf[0:], uint32(len(slots)))
-	for i, s := range slots {
-		binary.NativeEndian.PutUint32(buf[(i+1)*stride:], s)
+	const stride = 8
+	buf := unsafe.Slice((*byte)(p), length)
+	binary.NativeEndian.PutUint32(buf[0:], uint32(t.Size))
+	for i := 0; i < t.Size; i++ {
+		binary.NativeEndian.PutUint32(buf[(i+1)*stride:], t.Slot(i))
 	}
-	return unix.Munmap(buf)
+	return inner, nil
 }
 
 // DeleteTable removes table id; a missing one is not an error.

@@ -190,6 +190,13 @@ type cursor struct {
 // nonzero weight yields a nil table and no error: the service has no
 // endpoints. Every backend with nonzero weight owns at least one slot.
 func Build(backends []Backend, m uint32, seed uint64) ([]uint32, error) {
+	return BuildInto(nil, backends, m, seed)
+}
+
+// BuildInto is Build writing the table into buf's storage when it has room
+// for m slots (so a caller building many tables can reuse one buffer); it
+// returns the table.
+func BuildInto(buf []uint32, backends []Backend, m uint32, seed uint64) ([]uint32, error) {
 	if !supported(m) {
 		return nil, fmt.Errorf("maglev: table size %d is not supported (allowed: %s)", m, sizesList())
 	}
@@ -237,7 +244,8 @@ func Build(backends []Backend, m uint32, seed uint64) ([]uint32, error) {
 	}
 	setQuotas(cs, m)
 
-	table := make([]uint32, m)
+	table := slices.Grow(buf[:0], int(m))[:m]
+	clear(table)
 	fill(table, cs, wmax)
 	return table, nil
 }

@@ -482,3 +482,40 @@ func BenchmarkClassic(b *testing.B) {
 		})
 	}
 }
+
+func TestBuildIntoReusesBuffer(t *testing.T) {
+	backends := func(n int, weight uint32) []Backend {
+		out := make([]Backend, n)
+		for i := range out {
+			out[i] = Backend{ID: fmt.Sprintf("10.0.%d.%d", i/256, i%256), Weight: weight + uint32(i%3)}
+		}
+		return out
+	}
+	tests := []struct {
+		name     string
+		backends []Backend
+		m        uint32
+	}{
+		{"large", backends(100, 1), 16381},
+		{"smaller after larger", backends(10, 1), 1021},
+		{"weighted", backends(7, 5), 509},
+		{"larger again", backends(3, 1), 4093},
+	}
+	var buf []uint32
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := Build(tc.backends, tc.m, 9)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := BuildInto(buf, tc.backends, tc.m, 9)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("BuildInto with a used buffer differs from Build")
+			}
+			buf = got
+		})
+	}
+}

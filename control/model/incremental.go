@@ -3,9 +3,12 @@ package model
 import (
 	"cmp"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,13 +32,17 @@ type Incremental struct {
 	claims   map[frontendID][]claimant // who claims each frontend
 	ports    map[string]*portState     // service port key -> its state
 	order    []string                  // service port keys in State order
+	pos      map[string]int            // index of each key in order and state
+	moved    bool                      // order changed since state was built
+	lossy    map[string]bool           // service port keys with losses
 	troubled map[svcID]bool            // Services with problems
 	calls    uint64
 	// owners remembers which Service each EndpointSlice object belongs
 	// to: objects from an informer are replaced, never modified, so the
 	// pointer identifies the content and its labels need not be read again.
 	owners, spareOwners map[*discoveryv1.EndpointSlice]svcID
-	bySvc               map[svcID][]*discoveryv1.EndpointSlice
+	bySvc               map[svcID][]*discoveryv1.EndpointSlice // kept current for the Services whose slices change
+	byPtr               map[*corev1.Service]*cachedService     // the cached Services by the object computed from
 	state               []Service
 }
 
@@ -44,6 +51,12 @@ type cachedService struct {
 	ports    []port // as computed, before conflicts between Services
 	problems []Problem
 	seen     uint64 // the call that last saw the Service
+	// svc is the object computed from; dirty is set when the Service's
+	// slices changed since; volatile when an input has no resourceVersion
+	// and so must be recomputed every time.
+	svc      *corev1.Service
+	dirty    bool
+	volatile bool
 }
 
 // inputVersions identifies a Service's inputs by resourceVersion, so an
@@ -83,6 +96,10 @@ type portState struct {
 	final  Service // what State holds
 }
 
+// parallelMin is the number of Services to recompute per goroutine below
+// which Update computes them on one.
+const parallelMin = 256
+
 // NewIncremental returns an empty cache.
 func NewIncremental() *Incremental {
 	inc := &Incremental{}
@@ -92,10 +109,13 @@ func NewIncremental() *Incremental {
 
 func (inc *Incremental) reset() {
 	inc.services = map[svcID]*cachedService{}
+	inc.byPtr = map[*corev1.Service]*cachedService{}
 	inc.troubled = map[svcID]bool{}
 	inc.claims = map[frontendID][]claimant{}
 	inc.ports = map[string]*portState{}
 	inc.order = nil
+	inc.pos = map[string]int{}
+	inc.lossy = map[string]bool{}
 }
 
 // Update returns the state for in, its problems, and the keys (Service.Key)
@@ -119,17 +139,21 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	// Services, allocating them afresh made the garbage collector the
 	// largest cost of a sync.
 	if inc.bySvc == nil {
-		inc.bySvc = make(map[svcID][]*discoveryv1.EndpointSlice, len(in.Services))
+		inc.bySvc = make(map[svcID][]*discoveryv1.EndpointSlice, len(in.Slices))
 	}
 	bySvc := inc.bySvc
-	for id, ss := range bySvc {
-		bySvc[id] = ss[:0]
-	}
+
+	// EndpointSlices: objects are replaced, never modified, so a slice
+	// seen before (by pointer) belongs to the same Service as before.
+	// The Services whose slices came or went are dirty, and only their
+	// lists in bySvc are rebuilt, in input order.
 	owners := inc.spareOwners
 	if owners == nil {
 		owners = make(map[*discoveryv1.EndpointSlice]svcID, len(in.Slices))
 	}
 	clear(owners)
+	dirty := map[svcID]bool{}
+	unlabeled := map[svcID]bool{}
 	for _, s := range in.Slices {
 		if s == nil {
 			continue
@@ -137,35 +161,123 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 		id, ok := inc.owners[s]
 		if !ok {
 			id = svcID{s.Namespace, s.Labels[discoveryv1.LabelServiceName]}
+			dirty[id] = true
+		}
+		if id.name == "" {
+			unlabeled[id] = true
 		}
 		owners[s] = id
-		bySvc[id] = append(bySvc[id], s)
+	}
+	for s, id := range inc.owners {
+		if _, ok := owners[s]; !ok {
+			dirty[id] = true
+		}
 	}
 	inc.owners, inc.spareOwners = owners, inc.owners
+	if len(dirty) > 0 {
+		for id := range dirty {
+			bySvc[id] = bySvc[id][:0]
+			if cs := inc.services[id]; cs != nil {
+				cs.dirty = true
+			}
+		}
+		for _, s := range in.Slices {
+			if s == nil {
+				continue
+			}
+			if id := owners[s]; dirty[id] {
+				bySvc[id] = append(bySvc[id], s)
+			}
+		}
+		for id := range dirty {
+			if len(bySvc[id]) == 0 {
+				delete(bySvc, id)
+			}
+		}
+	}
 
-	affected := map[frontendID]bool{}
+	// Find the Services to recompute, compute them (on all CPUs when
+	// there are many: each depends only on its own objects), and merge
+	// the results in input order.
+	type job struct {
+		id   svcID
+		svc  *corev1.Service
+		prev *cachedService
+		one  *computer
+	}
+	var jobs []*job
+	var queued map[svcID]bool
+	seen := 0
 	for i, svc := range in.Services {
 		if svc == nil {
 			c.report("Service", "#"+strconv.Itoa(i), "", "nil Service skipped")
 			continue
 		}
+		// The same object as last time, with the same slices: unchanged.
+		if cs := inc.byPtr[svc]; cs != nil && cs.seen != inc.calls && !cs.dirty && !cs.volatile {
+			cs.seen = inc.calls
+			seen++
+			continue
+		}
 		id := svcID{svc.Namespace, svc.Name}
 		cs := inc.services[id]
-		if cs != nil && cs.seen == inc.calls {
+		if (cs != nil && cs.seen == inc.calls) || queued[id] {
 			c.report("Service", id.namespace+"/"+id.name, "", "listed twice; the later copy is ignored")
 			continue
 		}
+		seen++
 		if cs != nil && cs.inputs.same(svc, bySvc[id]) {
 			cs.seen = inc.calls
+			cs.dirty = false
+			if cs.svc != svc {
+				delete(inc.byPtr, cs.svc)
+				cs.svc = svc
+				inc.byPtr[svc] = cs
+			}
 			continue
 		}
-		key := id.namespace + "/" + id.name
-		one := &computer{node: in.Node, nodeAddrs: c.nodeAddrs}
-		groups := one.groupSlices(bySvc[id])
-		one.addService(svc, groups[key])
+		if queued == nil {
+			queued = map[svcID]bool{}
+		}
+		queued[id] = true
+		jobs = append(jobs, &job{id: id, svc: svc, prev: cs})
+	}
+	compute := func(j *job) {
+		key := j.id.namespace + "/" + j.id.name
+		j.one = &computer{node: in.Node, nodeAddrs: c.nodeAddrs}
+		groups := j.one.groupSlices(bySvc[j.id])
+		j.one.addService(j.svc, groups[key])
+	}
+	if workers := min(len(jobs)/parallelMin, runtime.GOMAXPROCS(0)); workers > 1 {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := int(next.Add(1) - 1); i < len(jobs); i = int(next.Add(1) - 1) {
+					compute(jobs[i])
+				}
+			}()
+		}
+		wg.Wait()
+	} else {
+		for _, j := range jobs {
+			compute(j)
+		}
+	}
+	affected := map[frontendID]bool{}
+	for _, j := range jobs {
+		id, svc, one := j.id, j.svc, j.one
 		inc.drop(id, changed, affected)
-		cs = &cachedService{inputs: versionsOf(svc, bySvc[id]), ports: one.ports, problems: one.problems, seen: inc.calls}
+		if j.prev != nil {
+			delete(inc.byPtr, j.prev.svc)
+		}
+		cs := &cachedService{inputs: versionsOf(svc, bySvc[id]), ports: one.ports, problems: one.problems,
+			seen: inc.calls, svc: svc}
+		cs.volatile = cs.inputs.volatile()
 		inc.services[id] = cs
+		inc.byPtr[svc] = cs
 		if len(cs.problems) > 0 {
 			inc.troubled[id] = true
 		}
@@ -182,25 +294,23 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 			}
 		}
 	}
-	for id, cs := range inc.services {
-		if cs.seen != inc.calls {
-			inc.drop(id, changed, affected)
-			delete(inc.services, id)
+	if seen != len(inc.services) {
+		for id, cs := range inc.services {
+			if cs.seen != inc.calls {
+				inc.drop(id, changed, affected)
+				delete(inc.services, id)
+				delete(inc.byPtr, cs.svc)
+			}
 		}
 	}
-	for id, ss := range bySvc {
-		if len(ss) == 0 {
-			delete(bySvc, id)
-			continue
-		}
+	// Slices without the service-name label belong to no Service.
+	for id := range unlabeled {
 		if cs := inc.services[id]; cs != nil && cs.seen == inc.calls {
 			continue
 		}
-		for _, s := range ss {
-			if s.Labels[discoveryv1.LabelServiceName] == "" {
-				c.report("EndpointSlice", s.Namespace+"/"+s.Name, "metadata.labels",
-					"no %s label; slice ignored", discoveryv1.LabelServiceName)
-			}
+		for _, s := range bySvc[id] {
+			c.report("EndpointSlice", s.Namespace+"/"+s.Name, "metadata.labels",
+				"no %s label; slice ignored", discoveryv1.LabelServiceName)
 		}
 	}
 
@@ -217,12 +327,26 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	}
 	inc.reorder(changed)
 
-	st := State{Services: inc.state[:0]}
-	problems := c.problems
-	for _, k := range inc.order {
-		st.Services = append(st.Services, inc.ports[k].final)
+	// The state is rebuilt only when ports came or went; otherwise the
+	// changed ports are updated in place, so a sync costs little more
+	// than its changes.
+	if inc.moved || len(inc.state) != len(inc.order) {
+		inc.state = inc.state[:0]
+		clear(inc.pos)
+		for i, k := range inc.order {
+			inc.state = append(inc.state, inc.ports[k].final)
+			inc.pos[k] = i
+		}
+		inc.moved = false
+	} else {
+		for k := range changed {
+			if ps := inc.ports[k]; ps != nil {
+				inc.state[inc.pos[k]] = ps.final
+			}
+		}
 	}
-	inc.state = st.Services
+	st := State{Services: inc.state}
+	problems := c.problems
 	troubled := make([]svcID, 0, len(inc.troubled))
 	for id := range inc.troubled {
 		troubled = append(troubled, id)
@@ -233,7 +357,12 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	for _, id := range troubled {
 		problems = append(problems, inc.services[id].problems...)
 	}
-	for _, k := range inc.order {
+	lossy := make([]string, 0, len(inc.lossy))
+	for k := range inc.lossy {
+		lossy = append(lossy, k)
+	}
+	slices.SortFunc(lossy, func(a, b string) int { return cmp.Compare(inc.pos[a], inc.pos[b]) })
+	for _, k := range lossy {
 		ps := inc.ports[k]
 		for _, l := range ps.losses {
 			if l.winner.key == k {
@@ -267,6 +396,7 @@ func (inc *Incremental) drop(id svcID, changed map[string]bool, affected map[fro
 			affected[id] = true
 		}
 		delete(inc.ports, pk)
+		delete(inc.lossy, pk)
 	}
 }
 
@@ -286,6 +416,9 @@ func (inc *Incremental) resolve(affected map[frontendID]bool, changed map[string
 		for _, c := range cl {
 			if ps := inc.ports[c.key]; ps != nil && slices.ContainsFunc(ps.losses, same) {
 				ps.losses = slices.DeleteFunc(ps.losses, same)
+				if len(ps.losses) == 0 {
+					delete(inc.lossy, c.key)
+				}
 				changed[c.key] = true
 			}
 		}
@@ -300,6 +433,7 @@ func (inc *Incremental) resolve(affected map[frontendID]bool, changed map[string
 			if ps := inc.ports[c.key]; ps != nil {
 				f := Frontend{Addr: id.addr, Port: id.port, Protocol: id.proto, Kind: c.kind}
 				ps.losses = append(ps.losses, loss{f, w})
+				inc.lossy[c.key] = true
 				slices.SortFunc(ps.losses, func(a, b loss) int { return compareFrontends(a.frontend, b.frontend) })
 				changed[c.key] = true
 			}
@@ -326,6 +460,7 @@ func (inc *Incremental) reorder(changed map[string]bool) {
 		}
 	}
 	if gone {
+		inc.moved = true
 		inc.order = slices.DeleteFunc(inc.order, func(k string) bool { return changed[k] && inc.ports[k] == nil })
 	}
 	for k := range changed {
@@ -337,6 +472,7 @@ func (inc *Incremental) reorder(changed map[string]bool) {
 			return less(&inc.ports[e].pre.Service, t)
 		})
 		if !found {
+			inc.moved = true
 			inc.order = slices.Insert(inc.order, i, k)
 		}
 	}
@@ -351,6 +487,20 @@ func versionsOf(svc *corev1.Service, ss []*discoveryv1.EndpointSlice) inputVersi
 	}
 	slices.SortFunc(v.slices, func(a, b sliceVersion) int { return cmp.Compare(a.name, b.name) })
 	return v
+}
+
+// volatile reports whether an input has no version, so that it cannot be
+// recognised as unchanged.
+func (v *inputVersions) volatile() bool {
+	if v.version == "" {
+		return true
+	}
+	for _, s := range v.slices {
+		if s.version == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // same reports whether the inputs are unchanged.

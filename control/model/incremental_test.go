@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"sort"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -66,6 +67,26 @@ func TestIncrementalMatchesCompute(t *testing.T) {
 			[]string{"ns/s3:http/TCP", "ns/s4:http/TCP"}},
 		{"node address", func() { node.Addresses = append(node.Addresses, netip.MustParseAddr("192.0.2.2")) },
 			[]string{"ns/s0:http/TCP", "ns/s1:http/TCP", "ns/s3:http/TCP", "ns/s4:http/TCP"}},
+		{"second slice of s0", func() {
+			extra := incSlice("s0", "1", "10.244.1.1")
+			extra.Name = "s0-2"
+			slices["s0-2"] = extra
+		}, []string{"ns/s0:http/TCP"}},
+		{"second slice of s0 gone", func() { delete(slices, "s0-2") }, []string{"ns/s0:http/TCP"}},
+		{"s1's slice and Service replaced by equal objects", func() {
+			slices["s1"] = incSlice("s1", "2", "10.244.0.1", "10.244.0.9")
+			svcs["s1"] = incService("s1", "1", "10.96.0.2", 30001)
+		}, nil},
+		{"slice without a service label", func() {
+			orphan := incSlice("s9", "1", "10.244.2.1")
+			orphan.Labels = nil
+			slices["orphan"] = orphan
+		}, nil},
+		{"unchanged again", func() {}, nil},
+		{"s4 without versions", func() {
+			svcs["s4"] = incService("s4", "", "10.96.0.5", 30004)
+		}, []string{"ns/s4:http/TCP"}},
+		{"s4 without versions, recomputed every time", func() {}, []string{"ns/s4:http/TCP"}},
 	}
 	for _, st := range steps {
 		st.change()
@@ -76,10 +97,13 @@ func TestIncrementalMatchesCompute(t *testing.T) {
 		for _, s := range slices {
 			in.Slices = append(in.Slices, s)
 		}
-		want, _ := Compute(in)
-		got, _, changed := inc.Update(in)
+		want, wantProblems := Compute(in)
+		got, problems, changed := inc.Update(in)
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("%s: incremental state differs from Compute:\n got %+v\nwant %+v", st.name, got, want)
+		}
+		if p, w := problemStrings(problems), problemStrings(wantProblems); !reflect.DeepEqual(p, w) {
+			t.Errorf("%s: problems %q, want %q", st.name, p, w)
 		}
 		wantChanged := map[string]bool{}
 		for _, k := range st.changed {
@@ -87,6 +111,50 @@ func TestIncrementalMatchesCompute(t *testing.T) {
 		}
 		if !reflect.DeepEqual(changed, wantChanged) && !(len(changed) == 0 && len(wantChanged) == 0) {
 			t.Errorf("%s: changed %v, want %v", st.name, changed, wantChanged)
+		}
+	}
+}
+
+// problemStrings is the sorted set of problems as text.
+func problemStrings(ps []Problem) []string {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestIncrementalManyServices covers the first computation of many
+// Services at once (spread over goroutines), including node ports that
+// several Services claim, against Compute.
+func TestIncrementalManyServices(t *testing.T) {
+	node := NodeInfo{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}
+	var in Input
+	in.Node = node
+	for i := 0; i < 1500; i++ {
+		name := fmt.Sprintf("s%d", i)
+		// One Service in twenty claims the node port of the one before.
+		nodePort := int32(30000 + i)
+		if i%20 == 1 {
+			nodePort--
+		}
+		in.Services = append(in.Services, incService(name, "1", fmt.Sprintf("10.96.%d.%d", i/256, i%256), nodePort))
+		in.Slices = append(in.Slices, incSlice(name, "1", fmt.Sprintf("10.244.%d.%d", i/256, i%256)))
+	}
+	in.Services = append(in.Services, in.Services[7]) // listed twice
+	inc := NewIncremental()
+	for step := 0; step < 2; step++ {
+		want, wantProblems := Compute(in)
+		got, problems, _ := inc.Update(in)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: incremental state differs from Compute", step)
+		}
+		if p, w := problemStrings(problems), problemStrings(wantProblems); !reflect.DeepEqual(p, w) {
+			t.Fatalf("step %d: problems differ from Compute:\n got %q\nwant %q", step, p, w)
+		}
+		for i := 0; i < len(in.Slices); i += 7 {
+			in.Slices[i] = incSlice(fmt.Sprintf("s%d", i), "2", fmt.Sprintf("10.245.%d.%d", i/256, i%256))
 		}
 	}
 }

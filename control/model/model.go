@@ -408,24 +408,26 @@ func (c *computer) sourceRanges(svc *corev1.Service) (bool, []netip.Prefix) {
 // only: the ready endpoints or, if there are none, the serving and
 // terminating ones.
 func chooseSet(eps []Endpoint, localOnly bool) []Endpoint {
+	all := len(eps) > 0
+	for _, e := range eps {
+		if (localOnly && !e.Local) || !e.Ready {
+			all = false
+			break
+		}
+	}
+	if all {
+		return eps // the common case: every endpoint qualifies; share the slice
+	}
 	var ready, fallback []Endpoint
-	all := true
 	for _, e := range eps {
 		if localOnly && !e.Local {
-			all = false
 			continue
 		}
 		if e.Ready {
 			ready = append(ready, e)
-		} else {
-			all = false
-			if e.Serving && e.Terminating {
-				fallback = append(fallback, e)
-			}
+		} else if e.Serving && e.Terminating {
+			fallback = append(fallback, e)
 		}
-	}
-	if all && len(eps) > 0 {
-		return eps // the common case: every endpoint qualifies; share the slice
 	}
 	if len(ready) > 0 {
 		return ready

@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
@@ -59,17 +62,27 @@ const (
 
 // tableRecord is one Maglev table of a service port.
 type tableRecord struct {
-	slots  []uint32 // nil once written
+	// key names the build's inputs and ids are the backend id of each
+	// member: together they determine the slots, so a later Apply that
+	// finds both unchanged keeps the table without building it again.
+	key string
+	ids []uint32
+	// build (slot -> index into ids) is held only until the table is
+	// written.
+	build  *maglevBuild
 	digest uint64
 }
 
+func (t *tableRecord) slot(i int) uint32 { return t.ids[t.build.at(i)] }
+
 // tableDigest identifies a table's content: FNV-1a over the slots, never 0
 // (0 marks a pinned table of unknown content).
-func tableDigest(slots []uint32) uint64 {
+func tableDigest(t *tableRecord) uint64 {
 	h := uint64(14695981039346656037)
-	for _, s := range slots {
-		for i := 0; i < 4; i++ {
-			h ^= uint64(byte(s >> (8 * i)))
+	for i := range t.build.size() {
+		s := t.slot(i)
+		for j := 0; j < 4; j++ {
+			h ^= uint64(byte(s >> (8 * j)))
 			h *= 1099511628211
 		}
 	}
@@ -77,6 +90,27 @@ func tableDigest(slots []uint32) uint64 {
 		h = 1
 	}
 	return h
+}
+
+// tableInput is what one Maglev table of a port is built from.
+type tableInput struct {
+	members []maglev.Backend
+	ids     []uint32 // backend id of each member
+	size    uint32
+	key     string // names the build (buildKey)
+	err     error
+	// prev is the port's table as applied before, if any; id is the
+	// table's id.
+	prev  *tableRecord
+	id    uint32
+	table *tableRecord // the result; nil for no table
+}
+
+// pendingPort is the part of a port's record that waits for its tables.
+type pendingPort struct {
+	svc   *model.Service
+	sets  [2]*tableInput
+	order []tableSet // the sets the frontends use, in the order they do
 }
 
 // portRecord is what one service port puts into the maps.
@@ -89,8 +123,9 @@ type portRecord struct {
 	ranges []dataplane.SourceRange
 	// backends is this port's view of its endpoints; a backend several
 	// ports share is merged from all views.
-	backends map[netip.AddrPort]dataplane.Backend
+	backends backendList
 	problems []string
+	pending  *pendingPort
 }
 
 // Reconciler owns the datapath maps' contents. It is not safe for
@@ -104,7 +139,7 @@ type Reconciler struct {
 	ports map[string]*portRecord
 	// Backends: the users (service port keys) of each address:port,
 	// and ids and values as written.
-	users      map[netip.AddrPort]map[string]bool
+	users      map[netip.AddrPort][]string
 	backendIDs map[netip.AddrPort]uint32
 	backends   map[uint32]dataplane.Backend
 	// The other maps as written.
@@ -124,7 +159,10 @@ type Reconciler struct {
 	// service ports their old ids back.
 	adopted map[dataplane.FrontendKey]dataplane.Frontend
 
-	cache *buildCache
+	// Names and counter resets of service ids allocated since the last
+	// flushIDs, written in batches.
+	newNames    map[uint32]string
+	resetCounts []uint32
 }
 
 // New adopts the state pinned in the datapath maps.
@@ -138,12 +176,12 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
 		ports:      map[string]*portRecord{},
-		users:      map[netip.AddrPort]map[string]bool{},
+		users:      map[netip.AddrPort][]string{},
 		backendIDs: map[netip.AddrPort]uint32{},
 		tables:     map[uint32]uint64{},
 		ranges:     map[dataplane.SourceRange]bool{},
 		usedIDs:    map[uint32]bool{},
-		cache:      newBuildCache(),
+		newNames:   map[uint32]string{},
 
 		usedBackendIDs: map[uint32]bool{},
 		adoptedIDs:     map[uint32]bool{},
@@ -225,15 +263,24 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		}
 	}
 	slices.Sort(keys) // deterministic id allocation
+	r.reserve(byKey)
 
 	// Compute the new records of the changed ports.
 	next := make(map[string]*portRecord, len(keys))
+	recs := make([]*portRecord, 0, len(keys))
 	for _, k := range keys {
 		if svc := byKey[k]; svc != nil {
-			next[k] = r.record(svc, &res)
+			rec := r.record(svc)
+			next[k] = rec
+			recs = append(recs, rec)
 		} else {
 			next[k] = nil
 		}
+	}
+	r.flushIDs()
+	r.buildTables(recs, &res)
+	for _, rec := range recs {
+		r.finish(rec)
 	}
 	if err := ctx.Err(); err != nil {
 		r.release(next)
@@ -242,21 +289,30 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 
 	// What moves: backends used by old or new records, frontends, tables
 	// and ranges of the changed ports.
-	touched := map[netip.AddrPort]bool{}
+	nBackends := 0
+	for _, rec := range next {
+		if rec != nil {
+			nBackends += len(rec.backends)
+		}
+	}
+	touched := make(map[netip.AddrPort]bool, nBackends)
 	for k, rec := range next {
 		if old := r.ports[k]; old != nil {
-			for ap := range old.backends {
+			for _, b := range old.backends {
+				ap := b.addrPort()
 				touched[ap] = true
-				delete(r.users[ap], k)
+				if us, ok := r.users[ap]; ok {
+					r.users[ap] = slices.DeleteFunc(us, func(u string) bool { return u == k })
+				}
 			}
 		}
 		if rec != nil {
-			for ap := range rec.backends {
+			for _, b := range rec.backends {
+				ap := b.addrPort()
 				touched[ap] = true
-				if r.users[ap] == nil {
-					r.users[ap] = map[string]bool{}
+				if !slices.Contains(r.users[ap], k) {
+					r.users[ap] = append(r.users[ap], k)
 				}
-				r.users[ap][k] = true
 			}
 		}
 	}
@@ -270,7 +326,7 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		}
 	}
 
-	err := r.write(touched, next, oldPorts, full, &res)
+	err := r.write(ctx, touched, next, oldPorts, full, &res)
 	for _, rec := range next {
 		if rec != nil {
 			res.Problems = append(res.Problems, rec.problems...)
@@ -278,13 +334,12 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	}
 	r.adopted = nil
 	r.adoptedIDs = map[uint32]bool{}
-	r.cache.sweep(full)
 	return res, err
 }
 
 // write applies the changes in the safe order: backends, tables, ranges,
 // frontends; then deletions in reverse.
-func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string]*portRecord, full bool, res *Result) error {
+func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool, next, old map[string]*portRecord, full bool, res *Result) error {
 	// 1. Backends that are new or changed.
 	var gone []netip.AddrPort
 	puts := map[uint32]dataplane.Backend{}
@@ -308,19 +363,36 @@ func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string
 	}
 	res.BackendsAdded += len(puts)
 	// 2. Tables, each swapped in whole.
+	var tablePuts []dataplane.TableContent
+	var written []*tableRecord
 	for _, rec := range next {
 		if rec == nil {
 			continue
 		}
 		for id, t := range rec.tables {
-			if cur, ok := r.tables[id]; !ok || cur != t.digest {
-				if err := r.dp.PutTable(id, t.slots); err != nil {
-					return err
-				}
-				r.tables[id] = t.digest
-				res.TablesWritten++
+			if t.build == nil {
+				continue
 			}
-			t.slots = nil // written: the digest is enough from now on
+			if cur, ok := r.tables[id]; !ok || cur != t.digest {
+				tablePuts = append(tablePuts, dataplane.TableContent{ID: id, Size: t.build.size(), Slot: t.slot})
+				written = append(written, t)
+			}
+		}
+	}
+	n, err := r.dp.PutTables(ctx, tablePuts)
+	for i, tc := range tablePuts[:n] {
+		r.tables[tc.ID] = written[i].digest
+	}
+	res.TablesWritten += n
+	if err != nil {
+		return err
+	}
+	for _, rec := range next {
+		if rec == nil {
+			continue
+		}
+		for _, t := range rec.tables {
+			t.build = nil // written: key, ids and digest identify it from now on
 		}
 	}
 	// 3. Source ranges, then frontends.
@@ -486,17 +558,78 @@ func (r *Reconciler) write(touched map[netip.AddrPort]bool, next, old map[string
 	return nil
 }
 
+// reserve sizes the empty maps keyed by port or frontend for the ports in
+// byKey, typically before the first Apply, rather than grow them an entry
+// at a time. The maps keyed by backend grow instead: ports often share
+// backends, so their endpoints would overestimate them.
+func (r *Reconciler) reserve(byKey map[string]*model.Service) {
+	if len(byKey) < 1024 {
+		return
+	}
+	fes := 0
+	for _, svc := range byKey {
+		if svc != nil {
+			fes += len(svc.Frontends)
+		}
+	}
+	r.frontends = presized(r.frontends, fes)
+	r.tables = presized(r.tables, len(byKey))
+	r.usedIDs = presized(r.usedIDs, len(byKey))
+	r.ports = presized(r.ports, len(byKey))
+}
+
+// presized returns m, or, if m is empty, an empty map with room for n.
+func presized[K comparable, V any](m map[K]V, n int) map[K]V {
+	if len(m) > 0 {
+		return m
+	}
+	return make(map[K]V, n)
+}
+
+// backend is a port's view of one of its endpoints.
+type backend struct{ dataplane.Backend }
+
+func (b backend) addrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b.Port) }
+
+// backendList is a port's backends ordered by address and port, each
+// once: smaller than a map for the few endpoints most ports have.
+type backendList []backend
+
+// sorted orders l and keeps the last of duplicates, as a map filled in
+// l's order would.
+func (l backendList) sorted() backendList {
+	slices.SortStableFunc(l, func(a, b backend) int { return a.addrPort().Compare(b.addrPort()) })
+	out := l[:0]
+	for _, b := range l {
+		if n := len(out); n > 0 && out[n-1].addrPort() == b.addrPort() {
+			out[n-1] = b
+			continue
+		}
+		out = append(out, b)
+	}
+	return slices.Clip(out)
+}
+
+// find returns the backend at ap.
+func (l backendList) find(ap netip.AddrPort) (dataplane.Backend, bool) {
+	i, ok := slices.BinarySearchFunc(l, ap, func(b backend, ap netip.AddrPort) int { return b.addrPort().Compare(ap) })
+	if !ok {
+		return dataplane.Backend{}, false
+	}
+	return l[i].Backend, true
+}
+
 // merged is the value of a backend from all its users: local if any says
 // so, terminating only if all do. used is false when no port uses it.
 func (r *Reconciler) merged(ap netip.AddrPort) (dataplane.Backend, bool) {
 	var out dataplane.Backend
 	first := true
-	for k := range r.users[ap] {
+	for _, k := range r.users[ap] {
 		rec := r.ports[k]
 		if rec == nil {
 			continue
 		}
-		b, ok := rec.backends[ap]
+		b, ok := rec.backends.find(ap)
 		if !ok {
 			continue
 		}
@@ -548,7 +681,8 @@ type wantedSet struct {
 }
 
 func (r *Reconciler) wanted() wantedSet {
-	w := wantedSet{map[dataplane.FrontendKey]bool{}, map[dataplane.SourceRange]bool{}, map[uint32]bool{}}
+	w := wantedSet{make(map[dataplane.FrontendKey]bool, len(r.frontends)), map[dataplane.SourceRange]bool{},
+		make(map[uint32]bool, len(r.tables))}
 	for _, rec := range r.ports {
 		for k := range rec.frontends {
 			w.frontends[k] = true
@@ -573,13 +707,15 @@ func (r *Reconciler) release(next map[string]*portRecord) {
 }
 
 // record computes what one service port puts into the maps, allocating a
-// service id and backend ids as needed.
-func (r *Reconciler) record(svc *model.Service, res *Result) *portRecord {
+// service id and backend ids as needed. The Maglev tables are built
+// afterwards, for all ports at once (buildTables), and finish completes
+// the record.
+func (r *Reconciler) record(svc *model.Service) *portRecord {
 	key := svc.Key()
 	rec := &portRecord{
 		frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
 		tables:    map[uint32]*tableRecord{},
-		backends:  map[netip.AddrPort]dataplane.Backend{},
+		backends:  make(backendList, 0, len(svc.Endpoints)),
 	}
 	id, ok := r.serviceID(key, svc)
 	if !ok {
@@ -603,42 +739,79 @@ func (r *Reconciler) record(svc *model.Service, res *Result) *portRecord {
 			}
 			r.backendIDs[ap] = bid
 		}
-		rec.backends[ap] = dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
-			Terminating: e.Terminating || !e.Serving}
+		rec.backends = append(rec.backends, backend{dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
+			Terminating: e.Terminating || !e.Serving}})
 	}
+	rec.backends = rec.backends.sorted()
 
-	var tableOf [2]uint32 // per set: table id, 0 if empty
-	var built [2]bool
-	table := func(set tableSet) uint32 {
-		if !built[set] {
-			built[set] = true
-			eps := svc.ClusterSet
-			if set == localSet {
-				eps = svc.LocalSet
-			}
-			slots, err := r.table(eps, res)
-			if err != nil {
-				rec.problems = append(rec.problems, fmt.Sprintf("service port %s: %v", key, err))
-			} else if len(slots) > 0 {
-				tableOf[set] = tableID(id, set)
-				rec.tables[tableOf[set]] = &tableRecord{slots: slots, digest: tableDigest(slots)}
-			}
+	// The tables the frontends use, and only those.
+	p := &pendingPort{svc: svc}
+	need := func(set tableSet) {
+		if p.sets[set] != nil {
+			return
 		}
-		return tableOf[set]
+		eps := svc.ClusterSet
+		if set == localSet {
+			eps = svc.LocalSet
+		}
+		in := r.tableInput(eps)
+		in.id = tableID(id, set)
+		if old := r.ports[key]; old != nil && old.id == id {
+			in.prev = old.tables[in.id]
+		}
+		p.sets[set] = in
+		p.order = append(p.order, set)
 	}
 	for _, f := range svc.Frontends {
-		set := clusterSet
-		if svc.UsesLocalSet(f.Kind) {
-			set = localSet
+		set, internal := tableSets(svc, f)
+		need(set)
+		need(internal)
+	}
+	rec.pending = p
+	return rec
+}
+
+// tableSets are the endpoint sets a frontend uses for traffic from
+// outside the node and for traffic from this node.
+func tableSets(svc *model.Service, f model.Frontend) (set, internal tableSet) {
+	set = clusterSet
+	if svc.UsesLocalSet(f.Kind) {
+		set = localSet
+	}
+	// Traffic from this node's pods and host to an external frontend
+	// uses the cluster-wide set (as kube-proxy does); to a ClusterIP
+	// it follows internalTrafficPolicy, like everyone's.
+	internal = clusterSet
+	if f.Kind == model.ClusterIP {
+		internal = set
+	}
+	return set, internal
+}
+
+// finish completes a record once its tables are built: the tables and the
+// frontends that point at them.
+func (r *Reconciler) finish(rec *portRecord) {
+	p := rec.pending
+	if p == nil {
+		return
+	}
+	rec.pending = nil
+	svc, id := p.svc, rec.id
+	key := svc.Key()
+	var tableOf [2]uint32 // per set: table id, 0 if empty
+	for _, set := range p.order {
+		in := p.sets[set]
+		switch {
+		case in.err != nil:
+			rec.problems = append(rec.problems, fmt.Sprintf("service port %s: %v", key, in.err))
+		case in.table != nil:
+			tableOf[set] = tableID(id, set)
+			rec.tables[tableOf[set]] = in.table
 		}
-		// Traffic from this node's pods and host to an external frontend
-		// uses the cluster-wide set (as kube-proxy does); to a ClusterIP
-		// it follows internalTrafficPolicy, like everyone's.
-		internal := clusterSet
-		if f.Kind == model.ClusterIP {
-			internal = set
-		}
-		v := dataplane.Frontend{SvcID: id, TableID: table(set), InternalTableID: table(internal)}
+	}
+	for _, f := range svc.Frontends {
+		set, internal := tableSets(svc, f)
+		v := dataplane.Frontend{SvcID: id, TableID: tableOf[set], InternalTableID: tableOf[internal]}
 		if v.InternalTableID == 0 && len(svc.ClusterSet) > 0 {
 			v.Flags |= dataplane.FrontendInternalDropIfEmpty
 		}
@@ -664,7 +837,6 @@ func (r *Reconciler) record(svc *model.Service, res *Result) *portRecord {
 			rec.ranges = append(rec.ranges, dataplane.SourceRange{SvcID: id, Prefix: p.Masked()})
 		}
 	}
-	return rec
 }
 
 // serviceID returns the port's id: its current one, the one its pinned
@@ -687,9 +859,7 @@ func (r *Reconciler) serviceID(key string, svc *model.Service) (uint32, bool) {
 		return r.usedIDs[id] || r.adoptedIDs[id]
 	}); ok {
 		r.usedIDs[id] = true
-		if err := r.dp.ResetServiceCounters(id); err != nil {
-			r.log.Warn("reset service counters", "id", id, "error", err)
-		}
+		r.resetCounts = append(r.resetCounts, id)
 		r.nameService(id, key)
 		return id, true
 	}
@@ -714,8 +884,23 @@ func nextFree(cursor *uint32, limit uint32, used func(uint32) bool) (uint32, boo
 }
 
 func (r *Reconciler) nameService(id uint32, key string) {
-	if err := r.dp.PutServiceName(id, key); err != nil {
-		r.log.Warn("name service port", "id", id, "key", key, "error", err)
+	r.newNames[id] = key
+}
+
+// flushIDs resets the counters and records the names of the service ids
+// allocated since the last call.
+func (r *Reconciler) flushIDs() {
+	if len(r.resetCounts) > 0 {
+		if err := r.dp.ResetServicesCounters(r.resetCounts); err != nil {
+			r.log.Warn("reset service counters", "services", len(r.resetCounts), "error", err)
+		}
+		r.resetCounts = r.resetCounts[:0]
+	}
+	if len(r.newNames) > 0 {
+		if err := r.dp.PutServiceNames(r.newNames); err != nil {
+			r.log.Warn("name service ports", "services", len(r.newNames), "error", err)
+		}
+		clear(r.newNames)
 	}
 }
 
@@ -732,14 +917,16 @@ func frontendKey(f model.Frontend) dataplane.FrontendKey {
 	return dataplane.FrontendKey{Addr: f.Addr, Port: f.Port, Proto: uint8(f.Protocol)}
 }
 
-// table computes the slots (backend ids) of a Maglev table over eps.
-func (r *Reconciler) table(eps []model.Endpoint, res *Result) ([]uint32, error) {
+// tableInput gathers what the Maglev table over eps is built from; it has
+// no members when there is no table (no endpoints, or none with a backend
+// id).
+func (r *Reconciler) tableInput(eps []model.Endpoint) *tableInput {
 	if len(eps) == 0 {
-		return nil, nil
+		return &tableInput{}
 	}
 	members := make([]maglev.Backend, 0, len(eps))
 	ids := make([]uint32, 0, len(eps))
-	byAddr := map[netip.Addr]int{}
+	byAddr := make(map[netip.Addr]int, len(eps))
 	for _, e := range eps {
 		byAddr[e.Addr]++
 	}
@@ -759,24 +946,115 @@ func (r *Reconciler) table(eps []model.Endpoint, res *Result) ([]uint32, error) 
 		ids = append(ids, id)
 	}
 	if len(members) == 0 {
-		return nil, nil
+		return &tableInput{}
 	}
-	size := maglev.SizeFor(len(members), r.cfg.MaglevMaxSize)
-	if size == 0 {
-		return nil, fmt.Errorf("%d endpoints exceed the largest Maglev table", len(members))
+	in := &tableInput{members: members, ids: ids, size: maglev.SizeFor(len(members), r.cfg.MaglevMaxSize)}
+	if in.size == 0 {
+		in.err = fmt.Errorf("%d endpoints exceed the largest Maglev table", len(members))
+		return in
 	}
-	start := time.Now()
-	perm, cached, err := r.cache.build(members, size, r.cfg.MaglevSeed)
-	if err != nil {
-		return nil, err
+	in.key = buildKey(members, in.size)
+	return in
+}
+
+// buildTables builds the tables of recs that differ from those applied
+// before: each distinct member set once, on all CPUs. A build depends only
+// on its inputs, so the tables are the same however the work is spread.
+func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
+	type job struct {
+		in    *tableInput // the first input with these members
+		users []*tableInput
+		build *maglevBuild
+		err   error
 	}
-	if !cached {
-		res.MaglevBuilds++
+	var jobs []*job
+	byKey := map[string]*job{}
+	var inputs []*tableInput
+	builds := map[*tableInput]*maglevBuild{}
+	for _, rec := range recs {
+		if rec.pending == nil {
+			continue
+		}
+		for _, set := range rec.pending.order {
+			in := rec.pending.sets[set]
+			if in.err != nil || len(in.members) == 0 {
+				continue
+			}
+			if p := in.prev; p != nil && p.key == in.key && slices.Equal(p.ids, in.ids) && r.tables[in.id] == p.digest {
+				// Written already, and its inputs are the same.
+				in.table = &tableRecord{key: p.key, ids: p.ids, digest: p.digest}
+				continue
+			}
+			inputs = append(inputs, in)
+			j := byKey[in.key]
+			if j == nil {
+				j = &job{in: in}
+				byKey[in.key] = j
+				jobs = append(jobs, j)
+			}
+			j.users = append(j.users, in)
+		}
+	}
+	if len(jobs) > 0 {
+		start := time.Now()
+		scratch := make([][]uint32, workers())
+		parallel(len(jobs), func(w, i int) {
+			j := jobs[i]
+			perm, err := maglev.BuildInto(scratch[w], j.in.members, j.in.size, r.cfg.MaglevSeed)
+			if err != nil {
+				j.err = err
+				return
+			}
+			scratch[w] = perm
+			j.build = newMaglevBuild(perm, len(j.in.members))
+		})
+		for _, j := range jobs {
+			if j.err != nil {
+				for _, in := range j.users {
+					in.err = j.err
+				}
+				continue
+			}
+			for _, in := range j.users {
+				builds[in] = j.build
+			}
+			res.MaglevBuilds++
+		}
 		res.MaglevTime += time.Since(start)
 	}
-	slots := make([]uint32, len(perm))
-	for i, idx := range perm {
-		slots[i] = ids[idx]
+	parallel(len(inputs), func(_, i int) {
+		in := inputs[i]
+		if e := builds[in]; e != nil {
+			t := &tableRecord{key: in.key, ids: in.ids, build: e}
+			t.digest = tableDigest(t)
+			in.table = t
+		}
+	})
+}
+
+// workers is how many goroutines parallel uses at most.
+func workers() int { return runtime.GOMAXPROCS(0) }
+
+// parallel calls f(w, 0) ... f(w, n-1) on up to workers() goroutines; w
+// (below workers()) tells the goroutines apart.
+func parallel(n int, f func(w, i int)) {
+	ws := min(n, workers())
+	if ws <= 1 {
+		for i := 0; i < n; i++ {
+			f(0, i)
+		}
+		return
 	}
-	return slots, nil
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < ws; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				f(w, i)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -409,3 +409,38 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyBuildsOnlyChangedTables checks that a table is built and
+// written again only when its endpoints (or their backend ids) change.
+func TestApplyBuildsOnlyChangedTables(t *testing.T) {
+	dp := newDatapath(t)
+	r, err := reconcile.New(dp, config(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := ep("10.244.1.10", false, true), ep("10.244.1.11", false, true), ep("10.244.1.12", false, true)
+	affinity := web(a, b)
+	affinity.AffinityTimeout = time.Hour
+	steps := []struct {
+		name           string
+		svc            model.Service
+		builds, writes int
+	}{
+		{"first", web(a, b), 1, 1},
+		{"same again", web(a, b), 0, 0},
+		{"other settings, same endpoints", affinity, 0, 0},
+		{"endpoint added", web(a, b, c), 1, 1},
+		{"endpoint removed", web(a, b), 1, 1},
+	}
+	for _, st := range steps {
+		res := apply(t, r, st.svc)
+		if res.MaglevBuilds != st.builds || res.TablesWritten != st.writes {
+			t.Errorf("%s: %d builds, %d tables written; want %d, %d", st.name, res.MaglevBuilds, res.TablesWritten,
+				st.builds, st.writes)
+		}
+	}
+	fe, _ := frontend(t, dp, nodeIP, 30080)
+	if got := tableBackends(t, dp, fe.TableID); len(got) == 0 {
+		t.Fatal("no table after the last step")
+	}
+}

@@ -1,0 +1,45 @@
+package reconcile
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+)
+
+func TestBackendListSortedAndFind(t *testing.T) {
+	be := func(ap string, local bool) backend {
+		a := netip.MustParseAddrPort(ap)
+		return backend{dataplane.Backend{Addr: a.Addr(), Port: a.Port(), Local: local}}
+	}
+	tests := []struct {
+		name string
+		in   []backend
+		want []backend
+	}{
+		{"empty", nil, nil},
+		{"ordered by address then port", []backend{be("10.0.0.2:80", false), be("10.0.0.1:81", false), be("10.0.0.1:80", false)},
+			[]backend{be("10.0.0.1:80", false), be("10.0.0.1:81", false), be("10.0.0.2:80", false)}},
+		{"the last of duplicates wins", []backend{be("10.0.0.1:80", false), be("10.0.0.2:80", false), be("10.0.0.1:80", true)},
+			[]backend{be("10.0.0.1:80", true), be("10.0.0.2:80", false)}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := backendList(tc.in).sorted()
+			if len(got) != len(tc.want) {
+				t.Fatalf("sorted = %v, want %v", got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("sorted = %v, want %v", got, tc.want)
+				}
+				if b, ok := got.find(got[i].addrPort()); !ok || b != got[i].Backend {
+					t.Errorf("find(%s) = %v, %v", got[i].addrPort(), b, ok)
+				}
+			}
+			if _, ok := got.find(netip.MustParseAddrPort("10.9.9.9:1")); ok {
+				t.Error("found a backend that is not there")
+			}
+		})
+	}
+}
