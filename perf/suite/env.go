@@ -8,11 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -20,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdplb/xdplb/perf/traffic"
+	"github.com/xdplb/xdplb/tests/child"
 	"github.com/xdplb/xdplb/tests/netns"
 )
 
@@ -45,93 +44,19 @@ type env struct {
 	softirqd    []int   // pids of ksoftirqd/N
 }
 
-// process is a child running in a namespace with its output in a log file.
-type process struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
+// startInNamespace starts bin args... in ns as a [child.Process], its
+// output appended to logPath.
+func startInNamespace(ns *netns.NS, logPath, bin string, args ...string) (*child.Process, error) {
+	return child.Start(filepath.Base(bin), ns.Command(bin, args...), logPath)
 }
 
-// startProcess runs name args... in ns, appending its output to logPath.
-func startProcess(ns *netns.NS, logPath, name string, args ...string) (*process, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", logPath, err)
-	}
-	fmt.Fprintf(logf, "==== %s: %s %s\n", time.Now().Format(time.RFC3339Nano), name, strings.Join(args, " "))
-	cmd := ns.Command(name, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Should this process die, its children go too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &process{name: filepath.Base(name), cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		logf.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// check returns an error if the process is gone (nil process: none).
-func (p *process) check() error {
-	if p == nil || !p.exited() {
+// checkRunning returns an error, with the end of its log, if p has ended
+// (a nil p: none).
+func checkRunning(p *child.Process) error {
+	if p == nil || !p.Exited() {
 		return nil
 	}
-	return fmt.Errorf("%s exited: %v\n%s", p.name, p.err, p.tail(30))
-}
-
-// stop sends SIGTERM and, after grace, SIGKILL.
-func (p *process) stop(grace time.Duration) error {
-	if p.exited() {
-		return nil
-	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("signal %s: %w", p.name, err)
-	}
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(grace):
-	}
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("kill %s: %w", p.name, err)
-	}
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s ignored SIGTERM for %s", p.name, grace)
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s (pid %d) did not exit after SIGKILL", p.name, p.cmd.Process.Pid)
-	}
-}
-
-// tail returns the last lines of the process log.
-func (p *process) tail(n int) string { return fileTail(p.log, n) }
-
-func fileTail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return fmt.Errorf("%s exited: %v\n%s", p.Name(), p.Err(), p.LogTail(30))
 }
 
 // httpGet fetches a URL from inside the edge node.

@@ -23,6 +23,7 @@ import (
 	"github.com/xdplb/xdplb/perf/summary"
 	"github.com/xdplb/xdplb/perf/traffic"
 	"github.com/xdplb/xdplb/tests/apiserver/k8sbin"
+	"github.com/xdplb/xdplb/tests/child"
 	"github.com/xdplb/xdplb/xdp"
 )
 
@@ -176,7 +177,7 @@ func (m *baselineMode) replyTuples(_ context.Context, e *env, limit int) ([]traf
 type xdplbMode struct {
 	xdpOff bool // XDP off: the TC program does everything
 	args   []string
-	proc   *process
+	proc   *child.Process
 	maps   *loader.Maps
 	names  []string
 	undo   func() error // detaches the XDP_PASS programs (XDP off)
@@ -259,7 +260,7 @@ func (m *xdplbMode) start(ctx context.Context, e *env, set ServiceSet) error {
 	}
 	full := append([]string{"agent", "--bpffs-root", e.topo.BPFFS, "--services-file", file}, m.args...)
 	t0 := time.Now()
-	p, err := startProcess(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.xdplb, full...)
+	p, err := startInNamespace(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.xdplb, full...)
 	if err != nil {
 		return err
 	}
@@ -281,8 +282,8 @@ func (m *xdplbMode) waitHealthy(ctx context.Context, e *env, timeout time.Durati
 	deadline := time.Now().Add(timeout)
 	last := "no answer yet"
 	for time.Now().Before(deadline) {
-		if m.proc.exited() {
-			return fmt.Errorf("xdplb agent exited: %v\n%s", m.proc.err, m.proc.tail(30))
+		if m.proc.Exited() {
+			return fmt.Errorf("xdplb agent exited: %v\n%s", m.proc.Err(), m.proc.LogTail(30))
 		}
 		code, body, err := e.httpGet(ctx, "http://127.0.0.1:10256/healthz")
 		switch {
@@ -300,7 +301,7 @@ func (m *xdplbMode) waitHealthy(ctx context.Context, e *env, timeout time.Durati
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("xdplb agent not healthy after %s (%s):\n%s", timeout, last, m.proc.tail(30))
+	return fmt.Errorf("xdplb agent not healthy after %s (%s):\n%s", timeout, last, m.proc.LogTail(30))
 }
 
 func (m *xdplbMode) stop(ctx context.Context, e *env) error {
@@ -310,7 +311,7 @@ func (m *xdplbMode) stop(ctx context.Context, e *env) error {
 		m.maps = nil
 	}
 	if m.proc != nil {
-		if err := m.proc.stop(15 * time.Second); err != nil {
+		if err := m.proc.Stop(15 * time.Second); err != nil {
 			errs = append(errs, err)
 		}
 		m.proc = nil
@@ -327,7 +328,7 @@ func (m *xdplbMode) stop(ctx context.Context, e *env) error {
 
 func (m *xdplbMode) prepare(context.Context, *env, scenario) error { return nil }
 
-func (m *xdplbMode) alive() error { return m.proc.check() }
+func (m *xdplbMode) alive() error { return checkRunning(m.proc) }
 
 func (m *xdplbMode) probeTargets() []targetKind { return allTargets }
 
@@ -425,7 +426,7 @@ func (m *xdplbMode) replyTuples(_ context.Context, e *env, limit int) ([]traffic
 type kubeProxyMode struct {
 	proxyMode string // iptables, nftables or ipvs
 	args      []string
-	proc      *process
+	proc      *child.Process
 	undo      func() error
 }
 
@@ -560,7 +561,7 @@ func (m *kubeProxyMode) start(ctx context.Context, e *env, set ServiceSet) error
 	}
 	full := append([]string{"--kubeconfig", e.cluster.kubeconfig()}, m.args...)
 	t0 := time.Now()
-	p, err := startProcess(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.kubeProxy, full...)
+	p, err := startInNamespace(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.kubeProxy, full...)
 	if err != nil {
 		return err
 	}
@@ -569,7 +570,7 @@ func (m *kubeProxyMode) start(ctx context.Context, e *env, set ServiceSet) error
 	return nil
 }
 
-func (m *kubeProxyMode) alive() error { return m.proc.check() }
+func (m *kubeProxyMode) alive() error { return checkRunning(m.proc) }
 
 func (m *kubeProxyMode) probeTargets() []targetKind { return allTargets }
 
@@ -578,7 +579,7 @@ var allTargets = []targetKind{targetRemote, targetLocal, targetOne}
 func (m *kubeProxyMode) stop(ctx context.Context, e *env) error {
 	var errs []error
 	if m.proc != nil {
-		if err := m.proc.stop(15 * time.Second); err != nil {
+		if err := m.proc.Stop(15 * time.Second); err != nil {
 			errs = append(errs, err)
 		}
 		m.proc = nil

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/xdplb/xdplb/tests/apiserver/k8sbin"
+	"github.com/xdplb/xdplb/tests/child"
 )
 
 // EnvCI, set to 1, turns a missing or unbuildable binary into a test
@@ -83,8 +85,8 @@ type Server struct {
 	client          *kubernetes.Clientset
 
 	mu        sync.Mutex
-	etcd      *process
-	apiserver *process
+	etcd      *child.Process
+	apiserver *child.Process
 }
 
 // RequireBinaries returns the etcd and kube-apiserver binaries, building
@@ -250,7 +252,7 @@ func (s *Server) startEtcd(ctx context.Context) error {
 			// busy machine.
 			"--unsafe-no-fsync",
 		}
-		p, err := startProcess("etcd", s.bins.Etcd, args, filepath.Join(s.dir, "logs", "etcd.log"))
+		p, err := child.Start("etcd", exec.Command(s.bins.Etcd, args...), filepath.Join(s.dir, "logs", "etcd.log"))
 		if err != nil {
 			return err
 		}
@@ -263,7 +265,7 @@ func (s *Server) startEtcd(ctx context.Context) error {
 			s.mu.Unlock()
 			return nil
 		}
-		_ = p.stop(5 * time.Second)
+		_ = stopChild(p, 5*time.Second)
 		if !errors.Is(err, errPortTaken) {
 			return fmt.Errorf("etcd: %w", err)
 		}
@@ -332,16 +334,16 @@ func (s *Server) apiServerArgs() []string {
 func (s *Server) StartAPIServer(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.apiserver != nil && !s.apiserver.exited() {
+	if s.apiserver != nil && !s.apiserver.Exited() {
 		return errors.New("kube-apiserver is already running")
 	}
-	p, err := startProcess("kube-apiserver", s.bins.KubeAPIServer, s.apiServerArgs(),
+	p, err := child.Start("kube-apiserver", exec.Command(s.bins.KubeAPIServer, s.apiServerArgs()...),
 		filepath.Join(s.dir, "logs", "kube-apiserver.log"))
 	if err != nil {
 		return err
 	}
 	if err := s.waitReady(ctx, p, s.url+"/readyz", s.adminToken, nil); err != nil {
-		_ = p.stop(5 * time.Second)
+		_ = stopChild(p, 5*time.Second)
 		return fmt.Errorf("kube-apiserver: %w", err)
 	}
 	s.apiserver = p
@@ -357,7 +359,7 @@ func (s *Server) StopAPIServer() error {
 	if s.apiserver == nil {
 		return nil
 	}
-	err := s.apiserver.stop(15 * time.Second)
+	err := stopChild(s.apiserver, 15*time.Second)
 	s.apiserver = nil
 	return err
 }
@@ -371,7 +373,7 @@ func (s *Server) KillAPIServer() error {
 	if s.apiserver == nil {
 		return nil
 	}
-	err := s.apiserver.stop(0)
+	err := stopChild(s.apiserver, 0)
 	s.apiserver = nil
 	return err
 }
@@ -390,11 +392,11 @@ func (s *Server) stopAll() error {
 	defer s.mu.Unlock()
 	var errs []error
 	if s.apiserver != nil {
-		errs = append(errs, s.apiserver.stop(15*time.Second))
+		errs = append(errs, stopChild(s.apiserver, 15*time.Second))
 		s.apiserver = nil
 	}
 	if s.etcd != nil {
-		errs = append(errs, s.etcd.stop(10*time.Second))
+		errs = append(errs, stopChild(s.etcd, 10*time.Second))
 		s.etcd = nil
 	}
 	return errors.Join(errs...)
@@ -403,7 +405,7 @@ func (s *Server) stopAll() error {
 // logTails logs the end of both server logs, for a failed test.
 func (s *Server) logTails(t testing.TB) {
 	for _, name := range []string{"etcd", "kube-apiserver"} {
-		t.Logf("last lines of %s log:\n%s", name, fileTail(filepath.Join(s.dir, "logs", name+".log"), 30))
+		t.Logf("last lines of %s log:\n%s", name, child.FileTail(filepath.Join(s.dir, "logs", name+".log"), 30))
 	}
 }
 
@@ -411,7 +413,7 @@ func (s *Server) logTails(t testing.TB) {
 // given), the process exits, ctx ends or the ready timeout passes. Errors
 // carry the tail of the process log; one wrapping errPortTaken means a retry
 // with another port may succeed.
-func (s *Server) waitReady(ctx context.Context, p *process, url, token string, ok func(body string) bool) error {
+func (s *Server) waitReady(ctx context.Context, p *child.Process, url, token string, ok func(body string) bool) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(s.pki.caPEM)
 	client := &http.Client{
@@ -424,8 +426,8 @@ func (s *Server) waitReady(ctx context.Context, p *process, url, token string, o
 	defer cancel()
 	last := "no answer yet"
 	for {
-		if p.exited() {
-			err := fmt.Errorf("exited before becoming ready (%v); log tail:\n%s", p.waitErr, p.logTail(40))
+		if p.Exited() {
+			err := fmt.Errorf("exited before becoming ready (%v); log tail:\n%s", p.Err(), p.LogTail(40))
 			if logMentionsPortInUse(p) {
 				return fmt.Errorf("%w: %w", errPortTaken, err)
 			}
@@ -451,8 +453,8 @@ func (s *Server) waitReady(ctx context.Context, p *process, url, token string, o
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("not ready after %v (%v); last check: %s; log tail:\n%s",
-				s.readyTimeout, context.Cause(ctx), last, p.logTail(40))
-		case <-p.done:
+				s.readyTimeout, context.Cause(ctx), last, p.LogTail(40))
+		case <-p.Done():
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

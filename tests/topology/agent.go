@@ -8,17 +8,16 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"syscall"
 	"time"
+
+	"github.com/xdplb/xdplb/tests/child"
 )
 
 // Agent is an xdplb agent process running in a node's namespace.
 type Agent struct {
-	cmd     *exec.Cmd
+	proc    *child.Process
 	node    *Node
 	LogPath string
-	done    chan error
 	Healthz string // address of /healthz inside the node
 }
 
@@ -50,9 +49,8 @@ func (a *Agent) WaitHealthy(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		select {
-		case err := <-a.done:
-			a.done <- err
-			return fmt.Errorf("agent exited: %v", err)
+		case <-a.proc.Done():
+			return fmt.Errorf("agent exited: %v", a.proc.Err())
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
@@ -64,20 +62,13 @@ func (a *Agent) WaitHealthy(ctx context.Context, timeout time.Duration) error {
 	return errors.New("agent not healthy in time")
 }
 
-// Stop sends SIGTERM and waits for the agent to exit.
+// Stop sends SIGTERM and waits for the agent to exit (SIGKILL after 10 s,
+// which is an error); it returns how the agent exited.
 func (a *Agent) Stop() error {
-	if a.cmd.Process == nil {
-		return nil
-	}
-	a.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-a.done:
-		a.done <- err
+	if err := a.proc.Stop(10 * time.Second); err != nil {
 		return err
-	case <-time.After(10 * time.Second):
-		a.cmd.Process.Kill()
-		return errors.New("agent did not stop on SIGTERM")
 	}
+	return a.proc.Err()
 }
 
 // Log returns the agent's log so far.

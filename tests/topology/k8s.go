@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"time"
 
+	"github.com/xdplb/xdplb/tests/child"
 	"github.com/xdplb/xdplb/tests/netns"
 )
 
@@ -19,23 +19,14 @@ import (
 // on 127.0.0.1:10256 and /metrics on 127.0.0.1:10249 of that namespace, and
 // waits until /healthz answers 200 (the first sync is done) or ctx ends.
 func StartNodeAgent(ctx context.Context, n *Node, binary, bpffs, logPath string, args ...string) (*Agent, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	a := &Agent{node: n, LogPath: logPath, Healthz: "127.0.0.1:10256"}
+	full := append([]string{"agent", "--bpffs-root", bpffs, "--healthz-bind-address", a.Healthz,
+		"--metrics-bind-address", MetricsAddr}, args...)
+	proc, err := child.Start("xdplb agent", n.Command(binary, full...), logPath)
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{node: n, LogPath: logPath, done: make(chan error, 1), Healthz: "127.0.0.1:10256"}
-	full := append([]string{"agent", "--bpffs-root", bpffs, "--healthz-bind-address", a.Healthz,
-		"--metrics-bind-address", MetricsAddr}, args...)
-	a.cmd = n.Command(binary, full...)
-	a.cmd.Stdout, a.cmd.Stderr = logf, logf
-	if err := a.cmd.Start(); err != nil {
-		logf.Close()
-		return nil, err
-	}
-	go func() {
-		a.done <- a.cmd.Wait()
-		logf.Close()
-	}()
+	a.proc = proc
 	if err := a.WaitHealthy(ctx, 30*time.Second); err != nil {
 		a.Stop()
 		return nil, fmt.Errorf("%w\n%s", err, a.Log())
@@ -48,15 +39,7 @@ func StartNodeAgent(ctx context.Context, n *Node, binary, bpffs, logPath string,
 const MetricsAddr = "127.0.0.1:10249"
 
 // Exited reports whether the agent process has ended.
-func (a *Agent) Exited() bool {
-	select {
-	case err := <-a.done:
-		a.done <- err
-		return true
-	default:
-		return false
-	}
-}
+func (a *Agent) Exited() bool { return a.proc.Exited() }
 
 // Forwarder accepts TCP connections on an address inside a namespace and
 // relays each one to a target address dialled from the caller's own
