@@ -252,6 +252,35 @@ func TestSNATPortExhaustionIsCountedDrop(t *testing.T) {
 	})
 }
 
+// A backend's SNAT range three quarters full still takes every new flow:
+// ports are probed at random (SNAT_PORT_ATTEMPTS), so a free one is found
+// long before the range is exhausted.
+func TestSNATPortsFillUp(t *testing.T) {
+	f := newFixture(t)
+	one := service{
+		svcID: 4, tableID: 4,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{21: backendRemote1},
+		table:     []uint32{21},
+	}
+	f.program(one)
+	const rangeSize, flows = 64, 48
+	f.setSNATRange(snatMin, snatMin+rangeSize-1)
+	ports := map[uint16]bool{}
+	for c := uint16(0); c < flows; c++ {
+		r := f.run(tcpFrame(clientAddr, 7000+c, nodeAddr, 30100, packet.SYN, "").Bytes(), f.nic0)
+		if r.verdict != xdpRedirect {
+			t.Fatalf("flow %d with %d of %d ports in use: verdict %v, want redirect", c, len(ports), rangeSize, r.verdict)
+		}
+		port := decode(t, r.out).SrcPort
+		if ports[port] || port < snatMin || port >= snatMin+rangeSize {
+			t.Fatalf("flow %d got SNAT port %d: reused or outside %d-%d", c, port, snatMin, snatMin+rangeSize-1)
+		}
+		ports[port] = true
+	}
+}
+
 func TestFlowHalvesRepairEachOther(t *testing.T) {
 	f := newFixture(t)
 	web := webService()

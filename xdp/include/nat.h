@@ -17,8 +17,12 @@
 #include "csum.h"
 #include "hash.h"
 
-/* Attempts to find a free SNAT port before giving up (counted drop). */
-#define SNAT_PORT_ATTEMPTS 16
+/*
+ * Attempts to find a free SNAT port before giving up (counted drop). Ports
+ * are taken at random, so with a fraction f of a backend's range in use a
+ * new flow fails with probability f^32: 0.03% at 78% (16 tries: 1.9%).
+ */
+#define SNAT_PORT_ATTEMPTS 32
 
 /* The reply tuple a backend sends for a forward entry. */
 static __always_inline void nat_key_of(const struct ct_key *flow, const struct ct_entry *ct,
