@@ -3,6 +3,8 @@ package source
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/xdplb/xdplb/control/model"
 )
@@ -257,6 +260,10 @@ func (f *File) reload(changed func()) {
 		f.fail(err)
 		return
 	}
+	if err := versionByContent(svcs, slices); err != nil {
+		f.fail(err)
+		return
+	}
 	snap, skipped := selectObjects(svcs, slices, f.proxyName)
 	for _, s := range snap.Slices {
 		if s.Labels[discoveryv1.LabelServiceName] == "" {
@@ -343,6 +350,35 @@ func statFile(path string) stamp {
 		return stamp{}
 	}
 	return stampOf(fi)
+}
+
+// versionByContent replaces every object's resourceVersion with a digest of
+// its content. Files are often made from `kubectl get -o yaml` output and
+// then edited by hand without touching metadata.resourceVersion; consumers
+// (the incremental model) take an unchanged resourceVersion to mean an
+// unchanged object, as it does in the API server.
+func versionByContent(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) error {
+	stamp := func(obj metav1.Object, content func() ([]byte, error)) error {
+		obj.SetResourceVersion("")
+		b, err := content()
+		if err != nil {
+			return fmt.Errorf("%s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
+		}
+		sum := sha256.Sum256(b)
+		obj.SetResourceVersion("file-" + hex.EncodeToString(sum[:12]))
+		return nil
+	}
+	for _, s := range svcs {
+		if err := stamp(s, func() ([]byte, error) { return json.Marshal(s) }); err != nil {
+			return err
+		}
+	}
+	for _, s := range slices {
+		if err := stamp(s, func() ([]byte, error) { return json.Marshal(s) }); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // selectObjects keeps the objects the proxy handles, sorted by namespace
