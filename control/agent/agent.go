@@ -464,27 +464,39 @@ func (a *Agent) syncHealthCheckNodePorts(state model.State) {
 }
 
 // filterNodePorts drops NodePort frontends outside the node port range.
-// The frontends are shared with the model, so a port that loses some gets
-// a new slice.
+// The state belongs to the model, which keeps it between syncs, so the
+// services are copied before the first one changes.
 func (a *Agent) filterNodePorts(st model.State, problems *[]model.Problem) model.State {
+	copied := false
 	for i := range st.Services {
+		if !slices.ContainsFunc(st.Services[i].Frontends, a.outsideNodePortRange) {
+			continue
+		}
+		if !copied {
+			st.Services = slices.Clone(st.Services)
+			copied = true
+		}
 		a.filterPort(&st.Services[i], problems)
 	}
 	return st
 }
 
+// outsideNodePortRange reports whether f is a NodePort frontend outside
+// --nodeport-range.
+func (a *Agent) outsideNodePortRange(f model.Frontend) bool {
+	return f.Kind == model.NodePort && (f.Port < a.cfg.NodePortMin || f.Port > a.cfg.NodePortMax)
+}
+
 // filterPort drops the NodePort frontends of s outside the node port
 // range, reporting each to problems when it is not nil.
+// It gives s a new frontend slice: the old one may be the model's.
 func (a *Agent) filterPort(s *model.Service, problems *[]model.Problem) {
-	outside := func(f model.Frontend) bool {
-		return f.Kind == model.NodePort && (f.Port < a.cfg.NodePortMin || f.Port > a.cfg.NodePortMax)
-	}
-	if !slices.ContainsFunc(s.Frontends, outside) {
+	if !slices.ContainsFunc(s.Frontends, a.outsideNodePortRange) {
 		return
 	}
 	kept := make([]model.Frontend, 0, len(s.Frontends))
 	for _, f := range s.Frontends {
-		if !outside(f) {
+		if !a.outsideNodePortRange(f) {
 			kept = append(kept, f)
 			continue
 		}

@@ -34,12 +34,17 @@ func TestNodePortsOutsideTheRangeAreSkipped(t *testing.T) {
 		},
 	}}}
 	var problems []model.Problem
-	st = a.filterNodePorts(st, &problems)
-	if n := len(st.Services[0].Frontends); n != 2 {
+	filtered := a.filterNodePorts(st, &problems)
+	if n := len(filtered.Services[0].Frontends); n != 2 {
 		t.Fatalf("%d frontends left, want the ClusterIP and NodePort 30080", n)
 	}
 	if len(problems) != 1 || !strings.Contains(problems[0].Message, "node port 8080 outside --nodeport-range") {
 		t.Fatalf("problems %v", problems)
+	}
+	// The model keeps its state between syncs: filtering must not change
+	// it, or the next sync would neither program nor report the port.
+	if n := len(st.Services[0].Frontends); n != 3 {
+		t.Fatalf("the model's state lost frontends to filtering: %d left, want 3", n)
 	}
 }
 

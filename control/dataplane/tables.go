@@ -42,7 +42,8 @@ const tablesPerBatch = 512
 // inner maps of a batch are filled through mappings placed side by side in
 // one reserved range, so a single munmap (a TLB flush on every CPU) drops
 // them all. It returns how many tables, from the start of tables, are
-// installed: all of them unless there is an error.
+// surely installed: all of them unless there is an error, and then those
+// of the batches before the failed one (of which some may be installed).
 func (d *Dataplane) PutTables(ctx context.Context, tables []TableContent) (int, error) {
 	for _, t := range tables {
 		if t.ID == 0 {
@@ -69,12 +70,13 @@ func (d *Dataplane) PutTables(ctx context.Context, tables []TableContent) (int, 
 				keys = append(keys, t.ID)
 				fds = append(fds, uint32(inners[i].FD()))
 			}
-			var n int
-			n, err = d.m.MaglevTables.BatchUpdate(keys, fds, nil)
-			if err != nil {
+			// On error the count is not to be trusted (the kernel may fail
+			// before it writes it), so a failed batch counts as none.
+			if _, err = d.m.MaglevTables.BatchUpdate(keys, fds, nil); err != nil {
 				err = fmt.Errorf("swap in %d tables: %w", len(keys), err)
+			} else {
+				done += len(chunk)
 			}
-			done += n
 		}
 		for i, m := range inners[:len(chunk)] {
 			if m != nil {
@@ -111,7 +113,22 @@ func createTables(tables []TableContent, inners []*ebpf.Map, workers int) error 
 	if err != nil {
 		return fmt.Errorf("reserve address space for %d tables: %w", len(tables), err)
 	}
-	defer unix.MunmapPtr(window, offsets[len(tables)])
+	// A failed MAP_FIXED mmap may already have unmapped its part of the
+	// reservation (older kernels do), and the Go runtime may have mapped
+	// something there since: unmap around such holes, never across them.
+	holes := make([]bool, len(tables))
+	defer func() {
+		start := 0
+		for i := 0; i <= len(tables); i++ {
+			if i < len(tables) && !holes[i] {
+				continue
+			}
+			if offsets[i] > offsets[start] {
+				unix.MunmapPtr(unsafe.Add(window, offsets[start]), offsets[i]-offsets[start])
+			}
+			start = i + 1
+		}
+	}()
 
 	var next atomic.Int64
 	errs := make([]error, workers)
@@ -126,12 +143,16 @@ func createTables(tables []TableContent, inners []*ebpf.Map, workers int) error 
 					return
 				}
 				inners[i], errs[w] = newTable(tables[i], unsafe.Add(window, offsets[i]))
+				holes[i] = errors.Is(errs[w], errMapping)
 			}
 		}()
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// errMapping marks a failed mapping of a new table into its window.
+var errMapping = errors.New("map into memory")
 
 // newTable creates an inner map holding t, filled through a mapping at
 // addr, which stays until the caller unmaps it.
@@ -153,7 +174,7 @@ func newTable(t TableContent, addr unsafe.Pointer) (*ebpf.Map, error) {
 	p, err := unix.MmapPtr(inner.FD(), 0, addr, length, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED)
 	if err != nil {
 		inner.Close()
-		return nil, fmt.Errorf("table %d: map: %w", t.ID, err)
+		return nil, fmt.Errorf("table %d: %w: %w", t.ID, errMapping, err)
 	}
 	const stride = 8
 	buf := unsafe.Slice((*byte)(p), length)

@@ -213,8 +213,10 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 			c.report("Service", "#"+strconv.Itoa(i), "", "nil Service skipped")
 			continue
 		}
-		// The same object as last time, with the same slices: unchanged.
-		if cs := inc.byPtr[svc]; cs != nil && cs.seen != inc.calls && !cs.dirty && !cs.volatile {
+		// The same object as last time, with the same slices: unchanged
+		// (unless a newer copy of it came earlier in this input).
+		if cs := inc.byPtr[svc]; cs != nil && cs.seen != inc.calls && !cs.dirty && !cs.volatile &&
+			!queued[svcID{svc.Namespace, svc.Name}] {
 			cs.seen = inc.calls
 			seen++
 			continue

@@ -158,3 +158,31 @@ func TestIncrementalManyServices(t *testing.T) {
 		}
 	}
 }
+
+// A newer copy of a Service listed before its cached copy must not hide a
+// deletion in the same input: the cached copy is a duplicate, not a sign
+// that nothing changed.
+func TestIncrementalDuplicateDoesNotHideDeletion(t *testing.T) {
+	node := NodeInfo{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}
+	a := incService("a", "1", "10.96.0.1", 30001)
+	b := incService("b", "1", "10.96.0.2", 30002)
+	sa, sb := incSlice("a", "1", "10.244.0.1"), incSlice("b", "1", "10.244.0.2")
+	inc := NewIncremental()
+	inc.Update(Input{Services: []*corev1.Service{a, b}, Slices: []*discoveryv1.EndpointSlice{sa, sb}, Node: node})
+
+	newA := incService("a", "2", "10.96.0.1", 30001)
+	in := Input{Services: []*corev1.Service{newA, a}, Slices: []*discoveryv1.EndpointSlice{sa}, Node: node}
+	got, problems, _ := inc.Update(in)
+	for _, s := range got.Services {
+		if s.Name == "b" {
+			t.Fatalf("deleted Service b is still in the state: %+v", s)
+		}
+	}
+	found := false
+	for _, p := range problems {
+		found = found || p.Object == "ns/a"
+	}
+	if !found {
+		t.Errorf("the duplicate of ns/a is not reported: %v", problems)
+	}
+}

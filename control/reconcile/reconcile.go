@@ -385,6 +385,11 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 	}
 	res.TablesWritten += n
 	if err != nil {
+		// Some of the rest may have been swapped in: content unknown, so
+		// the next Apply rewrites them whatever it would build.
+		for _, tc := range tablePuts[n:] {
+			r.tables[tc.ID] = 0
+		}
 		return err
 	}
 	for _, rec := range next {
@@ -997,13 +1002,17 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 	}
 	if len(jobs) > 0 {
 		start := time.Now()
-		scratch := make([][]uint32, workers())
-		parallel(len(jobs), func(w, i int) {
+		ws := workers()
+		scratch := make([][]uint32, ws)
+		parallel(ws, len(jobs), func(w, i int) {
 			j := jobs[i]
 			perm, err := maglev.BuildInto(scratch[w], j.in.members, j.in.size, r.cfg.MaglevSeed)
 			if err != nil {
 				j.err = err
 				return
+			}
+			if len(perm) == 0 {
+				return // every member has weight 0: no table, as with no members
 			}
 			scratch[w] = perm
 			j.build = newMaglevBuild(perm, len(j.in.members))
@@ -1022,7 +1031,7 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 		}
 		res.MaglevTime += time.Since(start)
 	}
-	parallel(len(inputs), func(_, i int) {
+	parallel(workers(), len(inputs), func(_, i int) {
 		in := inputs[i]
 		if e := builds[in]; e != nil {
 			t := &tableRecord{key: in.key, ids: in.ids, build: e}
@@ -1035,10 +1044,12 @@ func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
 // workers is how many goroutines parallel uses at most.
 func workers() int { return runtime.GOMAXPROCS(0) }
 
-// parallel calls f(w, 0) ... f(w, n-1) on up to workers() goroutines; w
-// (below workers()) tells the goroutines apart.
-func parallel(n int, f func(w, i int)) {
-	ws := min(n, workers())
+// parallel calls f(w, 0) ... f(w, n-1) on up to ws goroutines; w (below
+// ws) tells the goroutines apart. The caller passes ws, read once, because
+// GOMAXPROCS can change between two reads (the runtime follows cgroup
+// CPU limits).
+func parallel(ws, n int, f func(w, i int)) {
+	ws = min(n, ws)
 	if ws <= 1 {
 		for i := 0; i < n; i++ {
 			f(0, i)
