@@ -44,6 +44,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto)
 	struct frontend *fe;
 	struct ct_key flow = {};
 	struct pick pick;
+	struct sock_frontend *known;
 	__u64 cookie;
 
 	if (!cfg || !ours(ctx, cfg))
@@ -55,14 +56,17 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto)
 	if (!fe)
 		return SOCK_ALLOW;
 
-	/* The host is one client: affinity keys on address 0, and the
-	 * Maglev hash covers the socket, so its datagrams stay together. */
+	/* The host is one client: with ClientIP affinity every socket keys
+	 * on address 0; otherwise the Maglev hash covers the socket, so its
+	 * datagrams stay together. */
 	cookie = bpf_get_socket_cookie(ctx);
 	flow.daddr = fkey.addr;
 	flow.dport = fkey.port;
 	flow.proto = proto;
-	flow.saddr = (__be32)cookie;
-	flow.sport = (__be16)(cookie >> 32);
+	if (!fe->affinity_timeout) {
+		flow.saddr = (__be32)cookie;
+		flow.sport = (__be16)(cookie >> 32);
+	}
 	switch (pick_backend(fe, fe->internal_table_id, &flow, cfg->hash_seed,
 			     bpf_ktime_get_coarse_ns(), &pick)) {
 	case PICK_OK:
@@ -79,12 +83,16 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto)
 	skey.cookie = cookie;
 	skey.backend_addr = pick.backend.addr;
 	skey.backend_port = pick.backend.port;
-	bpf_map_update_elem(&sock_frontends, &skey, &orig, BPF_ANY);
+	/* An unconnected UDP socket comes here for every datagram: only its
+	 * first one to this backend is a new flow. */
+	known = bpf_map_lookup_elem(&sock_frontends, &skey);
+	if (!known || known->addr != orig.addr || known->port != orig.port)
+		bpf_map_update_elem(&sock_frontends, &skey, &orig, BPF_ANY);
 
 	ctx->user_ip4 = pick.backend.addr;
 	ctx->user_port = pick.backend.port;
 	count(STAT_SOCK_CONNECT, 0);
-	count_service(fe->svc_id, 0, 1);
+	count_service(fe->svc_id, 0, !known);
 	return SOCK_ALLOW;
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -301,7 +302,9 @@ func TestLocalBackendUnderClusterPolicyAnswersHTTP(t *testing.T) {
 func TestHostReachesServices(t *testing.T) {
 	s := newSandbox(t, 1, 1)
 	svc := shop(s.pods...)
-	s.write(svc, lines("host-local", "10.96.1.10", s.local[0]), lines("host-empty", "10.96.1.11"))
+	sticky := lines("host-sticky", "10.96.1.12", append(slices.Clone(s.pods), s.local...)...)
+	sticky.Affinity = true
+	s.write(svc, lines("host-local", "10.96.1.10", s.local[0]), lines("host-empty", "10.96.1.11"), sticky)
 	s.startAgent()
 	if _, err := topology.DialFrom(s.topo.Edge.NS, "10.96.1.11:9000", 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("host -> a service without endpoints: %v, want connection refused", err)
@@ -331,6 +334,24 @@ func TestHostReachesServices(t *testing.T) {
 		if peer != target.addr {
 			t.Errorf("host -> %s: the socket's peer is %s; it must stay the service address", target.addr, peer)
 		}
+	}
+	// ClientIP affinity: the host is one client, so every new socket
+	// reaches the same backend (two backends, twelve sockets).
+	seen := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		c, err := topology.OpenLineFrom(s.topo.Edge.NS, "10.96.1.12:9000")
+		if err != nil {
+			t.Fatalf("host -> sticky service: %v", err)
+		}
+		name, err := c.Ask()
+		c.Close()
+		if err != nil {
+			t.Fatalf("host -> sticky service: %v", err)
+		}
+		seen[name] = true
+	}
+	if len(seen) != 1 {
+		t.Errorf("host connections to a ClientIP-affinity service reached %v, want one backend", seen)
 	}
 	a, err := topology.UDPAsk(s.topo.Edge.NS, addr(lbIP, 53), []byte("q"))
 	if err != nil || podByName(s.pods, a.Name) == nil {
