@@ -307,6 +307,11 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		return cfg, flagError("nodeport-range", c.String("nodeport-range"), err.Error())
 	}
 	if snatLo <= npHi && npLo <= snatHi {
+		// Blame the flag the user set: the other one is at its default.
+		if c.IsSet("nodeport-range") && !c.IsSet("snat-port-range") {
+			return cfg, flagError("nodeport-range", c.String("nodeport-range"),
+				fmt.Sprintf("overlaps --snat-port-range %s", c.String("snat-port-range")))
+		}
 		return cfg, flagError("snat-port-range", c.String("snat-port-range"),
 			fmt.Sprintf("overlaps --nodeport-range %s", c.String("nodeport-range")))
 	}

@@ -177,10 +177,13 @@ func TestDockerfile(t *testing.T) {
 	if len(builds) != 1 || len(recipe) != 1 || builds[0].args != recipe[0] {
 		t.Errorf("Dockerfile go build steps %v, want exactly the Makefile's build recipe %q", builds, recipe)
 	}
-	if out, err := exec.Command("make", "-s", "-n", "-C", root, "build").Output(); err == nil {
-		if got := strings.TrimSpace(string(out)); len(builds) == 1 && got != builds[0].args {
-			t.Errorf("make -n build runs %q, the Dockerfile %q", got, builds[0].args)
-		}
+	testenv.RequireCommand(t, "make")
+	out, err := exec.Command("make", "-s", "-n", "-C", root, "build").Output()
+	if err != nil {
+		t.Fatalf("make -n build: %v", err)
+	}
+	if got := strings.TrimSpace(string(out)); len(builds) == 1 && got != builds[0].args {
+		t.Errorf("make -n build runs %q, the Dockerfile %q", got, builds[0].args)
 	}
 
 	// The runtime stage: the binary from the builder, nothing to compile.
