@@ -74,15 +74,22 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := attach(dp, cfg, log); err != nil {
+	fresh, err := attach(dp, cfg, log)
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	// undo detaches what this call attached afresh, for a start that fails
+	// after the interfaces are attached.
+	undo := func(err error) (*Agent, error) {
+		detachFresh(dp, fresh, log)
 		dp.Close()
 		return nil, err
 	}
 	switch {
 	case cfg.CgroupRoot != "":
 		if err := dp.AttachHostSockets(cfg.CgroupRoot); err != nil {
-			dp.Close()
-			return nil, err
+			return undo(err)
 		}
 		log.Info("host sockets reach services", "cgroup", cfg.CgroupRoot)
 	case cfg.CgroupAuto:
@@ -90,8 +97,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	a, err := assemble(cfg, log, src, dp)
 	if err != nil {
-		dp.Close()
-		return nil, err
+		return undo(err)
 	}
 	return a, nil
 }
@@ -148,32 +154,34 @@ func newSource(cfg Config, log *slog.Logger) (source.Source, error) {
 	}, log), nil
 }
 
-// attach attaches the datapath to every interface. If one fails, the
-// interfaces this call attached afresh are detached again; those an
+// attach attaches the datapath to every interface and returns those it
+// attached afresh. If one fails, those are detached again; interfaces an
 // earlier agent had attached keep running as they were.
-func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) error {
+func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) ([]string, error) {
 	var fresh []string
 	for _, ifname := range cfg.Interfaces {
 		wasAttached := loader.NICAttached(cfg.Datapath.PinRoot, ifname)
 		att, err := dp.AttachNIC(ifname, cfg.XDPMode)
-		if err != nil {
-			if !wasAttached {
-				fresh = append(fresh, ifname)
-			}
-			for _, name := range fresh {
-				if derr := dp.DetachNIC(name); derr != nil {
-					log.Warn("undo attach", "interface", name, "error", derr)
-				}
-			}
-			return err
-		}
 		if !wasAttached {
 			fresh = append(fresh, ifname)
+		}
+		if err != nil {
+			detachFresh(dp, fresh, log)
+			return nil, err
 		}
 		log.Info("datapath attached", "interface", att.Interface, "xdp_mode", att.Mode,
 			"tc", att.TCMode, "xdp_prog_id", att.XDPProgID, "tc_prog_id", att.TCProgID)
 	}
-	return nil
+	return fresh, nil
+}
+
+// detachFresh detaches the interfaces a failed start attached.
+func detachFresh(dp *loader.Datapath, fresh []string, log *slog.Logger) {
+	for _, name := range fresh {
+		if err := dp.DetachNIC(name); err != nil {
+			log.Warn("undo attach", "interface", name, "error", err)
+		}
+	}
 }
 
 // Run serves until ctx ends. The datapath stays attached afterwards.

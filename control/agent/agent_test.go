@@ -1,13 +1,20 @@
 package agent
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/xdplb/xdplb/control/model"
+	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
 
@@ -85,3 +92,46 @@ func TestSNATRangeIsReservedFromEphemeralPorts(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// A start that fails after the interfaces are attached (here: the cgroup
+// root is no cgroup v2 hierarchy) leaves nothing attached.
+func TestFailedStartDetaches(t *testing.T) {
+	ns := testenv.NewNetns(t, "start")
+	ns.IP("link", "add", "edge0", "type", "veth", "peer", "name", "edge1")
+	ns.IP("link", "set", "edge0", "up")
+	ns.IP("link", "set", "edge1", "up")
+	services := filepath.Join(t.TempDir(), "services.yaml")
+	if err := os.WriteFile(services, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := loader.DefaultOptions()
+	opts.PinRoot = testenv.BPFFS(t)
+	cfg := Config{
+		Interfaces:   []string{"edge0"},
+		XDPMode:      loader.XDPNative,
+		Datapath:     opts,
+		ServicesFile: services,
+		CgroupRoot:   t.TempDir(), // a plain directory
+	}
+	err := ns.Do(func() error {
+		a, err := Start(context.Background(), cfg, discard())
+		if err == nil {
+			a.dp.Close()
+			return errors.New("Start succeeded with a cgroup root that is no cgroup v2 hierarchy")
+		}
+		link, lerr := netlink.LinkByName("edge0")
+		if lerr != nil {
+			return lerr
+		}
+		if x := link.Attrs().Xdp; x != nil && x.Attached {
+			return fmt.Errorf("after a failed start (%v), edge0 still runs XDP program %d", err, x.ProgId)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loader.NICAttached(opts.PinRoot, "edge0") {
+		t.Error("after a failed start, edge0's links are still pinned")
+	}
+}
