@@ -5,6 +5,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -38,27 +39,47 @@ func (a *Agent) isPodInterface(name string) bool {
 }
 
 // watchPods attaches the pod program to every pod interface, now and as
-// interfaces appear, and forgets those that vanish.
+// interfaces appear, and forgets those that vanish. A netlink subscription
+// can end under load (its socket buffer overflows when many interfaces
+// come at once); then it subscribes again and catches up from a fresh list.
 func (a *Agent) watchPods(ctx context.Context) {
 	if len(podPatterns(a.cfg.PodInterfaces)) == 0 {
 		return
 	}
+	attached := map[string]int{} // name -> ifindex
+	for {
+		retry := time.Second
+		if !a.watchPodsOnce(ctx, attached) {
+			retry = 10 * time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+	}
+}
+
+// watchPodsOnce subscribes to link events, brings the attached set up to
+// date from a full list, and follows events until the subscription or ctx
+// ends. It reports false when it could not subscribe.
+func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool {
 	updates := make(chan netlink.LinkUpdate, 256)
 	done := make(chan struct{})
 	defer close(done)
 	// Subscribe before listing, so no interface falls between the two.
-	subscribed := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
+	err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
 		ErrorCallback: func(err error) {
 			if ctx.Err() == nil { // closing the subscription at shutdown reports EAGAIN
 				a.log.Warn("pod interface watch", "error", err)
 			}
 		},
-	}) == nil
+	})
+	subscribed := err == nil
 	if !subscribed {
-		a.log.Warn("cannot watch interfaces; pod interfaces are attached at start only")
+		a.log.Warn("cannot watch interfaces; retrying, and attaching what is there meanwhile", "error", err)
 	}
 
-	attached := map[string]int{} // name -> ifindex
 	links, err := netlink.LinkList()
 	if err != nil {
 		a.log.Warn("list interfaces", "error", err)
@@ -67,11 +88,11 @@ func (a *Agent) watchPods(ctx context.Context) {
 	for _, l := range links {
 		name := l.Attrs().Name
 		present[name] = true
-		if a.isPodInterface(name) && !isBridge(l) {
+		if a.isPodInterface(name) && !isBridge(l) && attached[name] != l.Attrs().Index {
 			a.attachPod(name, l.Attrs().Index, attached)
 		}
 	}
-	// Pins of interfaces that went away while no agent ran.
+	// Pins of interfaces that went away while nobody watched.
 	if pinned, err := loader.PodInterfaces(a.cfg.Datapath.PinRoot); err == nil {
 		for _, name := range pinned {
 			if !present[name] || !a.isPodInterface(name) {
@@ -80,16 +101,18 @@ func (a *Agent) watchPods(ctx context.Context) {
 		}
 	}
 	if !subscribed {
-		<-ctx.Done()
-		return
+		return false
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return true
 		case u, ok := <-updates:
 			if !ok {
-				return
+				if ctx.Err() == nil {
+					a.log.Warn("pod interface watch ended; subscribing again")
+				}
+				return true
 			}
 			name := u.Attrs().Name
 			if !a.isPodInterface(name) || isBridge(u.Link) {
