@@ -50,16 +50,6 @@ func (d *Dataplane) ServiceCounters(svcID uint32) (ServiceCounter, error) {
 	return out, nil
 }
 
-// ResetServiceCounters zeroes the counters of a service port id, before the
-// id is given to another service port.
-func (d *Dataplane) ResetServiceCounters(svcID uint32) error {
-	zero := make([]xdp.NicSvcCounter, possibleCPUs())
-	if err := d.m.SvcStats.Put(svcID, zero); err != nil {
-		return fmt.Errorf("reset service %d counters: %w", svcID, err)
-	}
-	return nil
-}
-
 // ResetServicesCounters zeroes the counters of many service ports at once
 // (batched).
 func (d *Dataplane) ResetServicesCounters(ids []uint32) error {

@@ -61,9 +61,11 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 	}
 	now := dataplane.Now()
 	key := dataplane.FlowKey{Client: src, Frontend: dst, Proto: proto}
-	if fl, ok, err := dp.Flow(key); err != nil {
+	fl, tracked, err := dp.Flow(key)
+	if err != nil {
 		return out, err
-	} else if ok {
+	}
+	if tracked {
 		out.Tracked = &TrackedFlow{Flow: flowRow(fl, names[fl.SvcID], now)}
 		out.Tracked.Stale = staleReason(fl, bes, cfg, now)
 		out.Tracked.Usable = out.Tracked.Stale == ""
@@ -87,7 +89,7 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 	if out.Tracked != nil && out.Tracked.Usable {
 		out.Verdict = "forward"
 		out.Backend = out.Tracked.Backend
-		out.BackendID = trackedBackendID(out.Tracked.Backend, bes)
+		out.BackendID = fl.BackendID
 		out.SNAT = out.Tracked.NAT != ""
 		out.Reason = "tracked flow: its packets follow the conntrack entry while the backend exists"
 		return out, nil
@@ -188,16 +190,6 @@ func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.Ni
 		return "for a backend that is gone"
 	}
 	return ""
-}
-
-// trackedBackendID finds the id of a tracked flow's backend address.
-func trackedBackendID(addr string, bes map[uint32]dataplane.Backend) uint32 {
-	for id, b := range bes {
-		if b.String() == addr {
-			return id
-		}
-	}
-	return 0
 }
 
 // liveAffinity returns the backend of the client's affinity entry for the

@@ -18,12 +18,12 @@ import (
 // Incremental computes the same State as Compute, but keeps each
 // Service's service ports between calls and recomputes only the Services
 // whose inputs changed: the Service itself, its EndpointSlices, or the
-// node. Changes are told apart by resourceVersion, so objects without one
-// (a services file) are recomputed every time. Frontends claimed by two
-// Services are resolved as Compute does, but only for the frontends whose
-// claims changed. The cost of a call is one pass over the inputs to spot
-// changes plus the work for the changed Services. It is not safe for
-// concurrent use.
+// node. Changes are told apart by resourceVersion (the services file sets
+// one from each object's content), so objects without one are recomputed
+// every time. Frontends claimed by two Services are resolved as Compute
+// does, but only for the frontends whose claims changed. The cost of a
+// call is one pass over the inputs to spot changes plus the work for the
+// changed Services. It is not safe for concurrent use.
 type Incremental struct {
 	nodeKey   string
 	nodeAddrs []netip.Addr

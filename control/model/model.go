@@ -49,7 +49,8 @@ const maxAffinitySeconds = 86400
 
 // Compute returns the desired state for in, and the problems found in it.
 // Its results depend only on in: the same input in any order gives the same
-// state.
+// state. The agent uses Incremental; Compute is its reference, which the
+// tests compare it against.
 func Compute(in Input) (State, []Problem) {
 	c := &computer{node: in.Node}
 	c.nodeAddrs = c.nodeAddresses(in.Node)
@@ -84,9 +85,6 @@ type computer struct {
 	nodeAddrs []netip.Addr
 	ports     []port
 	problems  []Problem
-	// lost holds the keys of service ports that lost a frontend to
-	// another Service in resolveConflicts.
-	lost map[string]bool
 }
 
 // port is a service port being built, with what conflict resolution needs.
@@ -482,12 +480,6 @@ func (c *computer) resolveConflicts() {
 	for i := range c.ports {
 		p := &c.ports[i]
 		lost := losses[i]
-		if len(lost) > 0 {
-			if c.lost == nil {
-				c.lost = map[string]bool{}
-			}
-			c.lost[p.Key()] = true
-		}
 		p.Frontends = slices.DeleteFunc(p.Frontends, func(f Frontend) bool {
 			return slices.ContainsFunc(lost, func(l loss) bool { return l.frontend == f })
 		})
