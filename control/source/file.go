@@ -358,25 +358,21 @@ func statFile(path string) stamp {
 // (the incremental model) take an unchanged resourceVersion to mean an
 // unchanged object, as it does in the API server.
 func versionByContent(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) error {
-	stamp := func(obj metav1.Object, content func() ([]byte, error)) error {
+	objs := make([]metav1.Object, 0, len(svcs)+len(slices))
+	for _, s := range svcs {
+		objs = append(objs, s)
+	}
+	for _, s := range slices {
+		objs = append(objs, s)
+	}
+	for _, obj := range objs {
 		obj.SetResourceVersion("")
-		b, err := content()
+		content, err := json.Marshal(obj)
 		if err != nil {
 			return fmt.Errorf("%s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
 		}
-		sum := sha256.Sum256(b)
+		sum := sha256.Sum256(content)
 		obj.SetResourceVersion("file-" + hex.EncodeToString(sum[:12]))
-		return nil
-	}
-	for _, s := range svcs {
-		if err := stamp(s, func() ([]byte, error) { return json.Marshal(s) }); err != nil {
-			return err
-		}
-	}
-	for _, s := range slices {
-		if err := stamp(s, func() ([]byte, error) { return json.Marshal(s) }); err != nil {
-			return err
-		}
 	}
 	return nil
 }

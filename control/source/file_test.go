@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/xdplb/xdplb/control/model"
 )
 
 // serviceDoc is a Service document with one port.
@@ -566,5 +568,54 @@ func TestFileStops(t *testing.T) {
 				runtime.NumGoroutine(), goroutinesBefore, fds(), fdsBefore, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// An object edited by hand keeps the resourceVersion it was exported with;
+// the services file must still be seen to change it.
+func TestFileEditKeepingResourceVersion(t *testing.T) {
+	doc := func(addr string) string {
+		return `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default, resourceVersion: "42"}
+spec: {type: ClusterIP, clusterIP: 10.96.0.10, ports: [{name: http, port: 80, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  resourceVersion: "42"
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [` + addr + `], conditions: {ready: true}}]
+`
+	}
+	path := filepath.Join(t.TempDir(), "services.yaml")
+	writeAtomic(t, path, doc("10.244.0.1"))
+	h := newFileHarness(t, path)
+	h.start()
+	h.waitChanged()
+	inc := model.NewIncremental()
+	backends := func() []string {
+		t.Helper()
+		snap := h.f.Snapshot()
+		st, _, _ := inc.Update(model.Input{Services: snap.Services, Slices: snap.Slices})
+		var out []string
+		for _, s := range st.Services {
+			for _, e := range s.Endpoints {
+				out = append(out, e.Addr.String())
+			}
+		}
+		return out
+	}
+	if got := backends(); len(got) != 1 || got[0] != "10.244.0.1" {
+		t.Fatalf("first load: backends %v, want 10.244.0.1", got)
+	}
+	writeAtomic(t, path, doc("10.244.0.2"))
+	h.waitChanged()
+	if got := backends(); len(got) != 1 || got[0] != "10.244.0.2" {
+		t.Fatalf("after the edit: backends %v, want 10.244.0.2 (the edit was taken for no change)", got)
 	}
 }

@@ -12,8 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-
-	"github.com/xdplb/xdplb/control/model"
 )
 
 // waitTimeout bounds every wait for something to happen.
@@ -440,52 +438,4 @@ func FuzzParseObjects(f *testing.F) {
 			}
 		}
 	})
-}
-
-// An object edited by hand keeps the resourceVersion it was exported with;
-// the services file must still be seen to change it.
-func TestEditedObjectGetsANewVersion(t *testing.T) {
-	doc := func(addr string) string {
-		return `apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default, resourceVersion: "42"}
-spec: {type: ClusterIP, clusterIP: 10.96.0.10, ports: [{name: http, port: 80, targetPort: 8080}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  resourceVersion: "42"
-  labels: {kubernetes.io/service-name: web}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints: [{addresses: [` + addr + `], conditions: {ready: true}}]
-`
-	}
-	inc := model.NewIncremental()
-	backendsOf := func(addr string) []string {
-		t.Helper()
-		svcs, slices, err := ParseObjects("services.yaml", []byte(doc(addr)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := versionByContent(svcs, slices); err != nil {
-			t.Fatal(err)
-		}
-		st, _, _ := inc.Update(model.Input{Services: svcs, Slices: slices})
-		var out []string
-		for _, s := range st.Services {
-			for _, b := range s.Endpoints {
-				out = append(out, b.Addr.String())
-			}
-		}
-		return out
-	}
-	if got := backendsOf("10.244.0.1"); len(got) != 1 || got[0] != "10.244.0.1" {
-		t.Fatalf("first load: backends %v, want 10.244.0.1", got)
-	}
-	if got := backendsOf("10.244.0.2"); len(got) != 1 || got[0] != "10.244.0.2" {
-		t.Fatalf("after the edit: backends %v, want 10.244.0.2 (the edit was taken for no change)", got)
-	}
 }
