@@ -1,8 +1,10 @@
 package suite
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/xdplb/xdplb/perf/summary"
@@ -180,4 +182,25 @@ func replySpec(e *env, tuples []traffic.Tuple) traffic.Spec {
 		SrcMAC: e.topo.Node2MAC, DstMAC: e.topo.Eth1MAC, Proto: e.proto, TCPFlags: packet.ACK,
 		Size: e.frameSize, Tuples: tuples,
 	}
+}
+
+// CheckSelection rejects mode and scenario names a run would not know, so
+// that a typo fails before anything is built instead of giving an empty
+// report.
+func CheckSelection(modes, scenarioIDs []string) error {
+	for _, m := range modes {
+		if !slices.Contains(summary.ModeOrder, m) {
+			return fmt.Errorf("unknown mode %q (modes: %s)", m, strings.Join(summary.ModeOrder, ", "))
+		}
+	}
+	var ids []string
+	for _, sc := range scenarios(false) {
+		ids = append(ids, sc.id)
+	}
+	for _, id := range scenarioIDs {
+		if !slices.Contains(ids, id) {
+			return fmt.Errorf("unknown scenario %q (scenarios: %s)", id, strings.Join(ids, ", "))
+		}
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -269,5 +270,23 @@ func TestSandboxForwards(t *testing.T) {
 	}
 	if err := e.assertClean(); err != nil {
 		t.Errorf("baseline left state behind: %v", err)
+	}
+}
+
+func TestCheckSelection(t *testing.T) {
+	tests := []struct {
+		modes, scenarios []string
+		want             string // "" for no error
+	}{
+		{nil, nil, ""},
+		{[]string{"baseline", "xdplb-xdp"}, []string{"est-remote", "snat-exhaust"}, ""},
+		{[]string{"xdplb"}, nil, `unknown mode "xdplb"`},
+		{nil, []string{"est"}, `unknown scenario "est"`},
+	}
+	for _, tt := range tests {
+		err := CheckSelection(tt.modes, tt.scenarios)
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("CheckSelection(%v, %v) = %v, want %q", tt.modes, tt.scenarios, err, tt.want)
+		}
 	}
 }

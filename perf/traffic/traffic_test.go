@@ -186,6 +186,8 @@ func TestGeneratorRewritesEveryHeader(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			s := newFlows()
 			s.Proto, s.Size = c.proto, c.size
+			// At least three new flows per CPU slot, however many CPUs.
+			s.SrcPorts = max(s.SrcPorts, uint32(3*g.slots))
 			if err := g.Configure(s); err != nil {
 				t.Fatal(err)
 			}
@@ -195,7 +197,11 @@ func TestGeneratorRewritesEveryHeader(t *testing.T) {
 			}
 			seen := map[Tuple]bool{}
 			// New flows: as many frames as the spec has tuples per CPU slot.
-			for i := 0; i < int(s.DistinctFlows())/g.slots; i++ {
+			frames := int(s.DistinctFlows()) / g.slots
+			if frames == 0 {
+				t.Fatalf("the spec's %d flows give none of %d CPU slots a frame: widen it", s.DistinctFlows(), g.slots)
+			}
+			for i := 0; i < frames; i++ {
 				frame, err := g.Once()
 				if err != nil {
 					t.Fatal(err)

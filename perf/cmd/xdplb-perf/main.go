@@ -65,8 +65,18 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "xdplb-perf: -services:", err)
 		return 2
 	}
-	if *size < 64 || *size > 1514 || *threads < 1 || *backends < 1 || *backends > 200 {
-		fmt.Fprintln(os.Stderr, "xdplb-perf: -size must be 64-1514, -threads >= 1, -backends 1-200")
+	if *size < 64 || *size > 1514 || *threads < 1 || *backends < 1 || *backends > 200 || *reps < 0 || *rounds < 0 {
+		fmt.Fprintln(os.Stderr, "xdplb-perf: -size must be 64-1514, -threads >= 1, -backends 1-200, -reps and -rounds >= 0")
+		return 2
+	}
+	if err := suite.CheckSelection(splitList(*modes), splitList(*scenarios)); err != nil {
+		fmt.Fprintln(os.Stderr, "xdplb-perf:", err)
+		return 2
+	}
+	switch *generator {
+	case "auto", "bpf", "pktgen":
+	default:
+		fmt.Fprintf(os.Stderr, "xdplb-perf: -generator %q: want auto, bpf or pktgen\n", *generator)
 		return 2
 	}
 	root, err := repoRoot()
