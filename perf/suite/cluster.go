@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/xdplb/xdplb/tests/apiserver"
 	"github.com/xdplb/xdplb/tests/netns"
+	"github.com/xdplb/xdplb/tests/topology"
 )
 
 // cluster is the real API server kube-proxy talks to. etcd and
@@ -32,7 +31,7 @@ import (
 type cluster struct {
 	srv    *apiserver.Server
 	client kubernetes.Interface
-	fwd    *forwarder
+	fwd    *topology.Forwarder
 	log    *slog.Logger
 	dir    string
 
@@ -61,7 +60,7 @@ func startCluster(ctx context.Context, dir string, edge *netns.NS, log *slog.Log
 		srv.Stop()
 		return nil, fmt.Errorf("API server URL: %w", err)
 	}
-	if c.fwd, err = newForwarder(edge, u.Host, log); err != nil {
+	if c.fwd, err = topology.Forward(edge, u.Host, u.Host); err != nil {
 		srv.Stop()
 		return nil, err
 	}
@@ -78,7 +77,7 @@ func (c *cluster) kubeconfig() string { return c.srv.AdminKubeconfig() }
 func (c *cluster) stop() error {
 	var errs []error
 	if c.fwd != nil {
-		errs = append(errs, c.fwd.close())
+		c.fwd.Close()
 	}
 	errs = append(errs, c.srv.Stop())
 	// etcd's database holds up to 100k Services (a few hundred MB per
@@ -210,95 +209,4 @@ feed:
 		return err
 	}
 	return ctx.Err()
-}
-
-// forwarder accepts connections on a loopback address inside a namespace
-// and relays them to the same address in the caller's namespace.
-type forwarder struct {
-	ln     net.Listener
-	target string
-	log    *slog.Logger
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[net.Conn]bool
-	closed bool
-}
-
-func newForwarder(ns *netns.NS, addr string, log *slog.Logger) (*forwarder, error) {
-	ln, err := ns.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s in %s: %w", addr, ns.Name, err)
-	}
-	f := &forwarder{ln: ln, target: addr, log: log, conns: map[net.Conn]bool{}}
-	f.wg.Add(1)
-	go f.serve()
-	return f, nil
-}
-
-func (f *forwarder) serve() {
-	defer f.wg.Done()
-	for {
-		in, err := f.ln.Accept()
-		if err != nil {
-			return
-		}
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
-			f.relay(in)
-		}()
-	}
-}
-
-func (f *forwarder) track(c net.Conn, on bool) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if on && f.closed {
-		return false
-	}
-	if on {
-		f.conns[c] = true
-	} else {
-		delete(f.conns, c)
-	}
-	return true
-}
-
-func (f *forwarder) relay(in net.Conn) {
-	defer in.Close()
-	out, err := net.DialTimeout("tcp", f.target, 5*time.Second)
-	if err != nil {
-		f.log.Debug("API forwarder: dial", "err", err)
-		return
-	}
-	defer out.Close()
-	if !f.track(in, true) || !f.track(out, true) {
-		return
-	}
-	defer f.track(in, false)
-	defer f.track(out, false)
-	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		if tc, ok := dst.(*net.TCPConn); ok {
-			tc.CloseWrite()
-		}
-		done <- struct{}{}
-	}
-	go cp(out, in)
-	go cp(in, out)
-	<-done
-	<-done
-}
-
-func (f *forwarder) close() error {
-	err := f.ln.Close()
-	f.mu.Lock()
-	f.closed = true
-	for c := range f.conns {
-		c.Close()
-	}
-	f.mu.Unlock()
-	f.wg.Wait()
-	return err
 }
