@@ -99,7 +99,11 @@ func TestPodRefusedWithoutEndpoints(t *testing.T) {
 	f.program(clusterService(packet.UDP, 53))
 	in := tcpFrame(podAddr, 34568, clusterIP, 80, packet.SYN, "")
 	in.SrcMAC = localPodMAC
-	verdict, raw := f.runTC(f.dp.PodProgram(), in.Bytes(), f.pod0)
+	var verdict uint32
+	var raw []byte
+	f.expectCounters(map[string]uint64{"reject_tcp": 1}, func() {
+		verdict, raw = f.runTC(f.dp.PodProgram(), in.Bytes(), f.pod0)
+	})
 	if verdict != tcActRedirect {
 		t.Fatalf("verdict %d, want the RST redirected back", int32(verdict))
 	}
@@ -111,13 +115,44 @@ func TestPodRefusedWithoutEndpoints(t *testing.T) {
 		t.Errorf("RST to MAC %s, want the pod's %s", rst.DstMAC, localPodMAC)
 	}
 	uin := udpFrame(podAddr, 34569, clusterIP, 53, "query")
-	verdict, raw = f.runTC(f.dp.PodProgram(), uin.Bytes(), f.pod0)
+	f.expectCounters(map[string]uint64{"reject_icmp": 1}, func() {
+		verdict, raw = f.runTC(f.dp.PodProgram(), uin.Bytes(), f.pod0)
+	})
 	icmp := decode(t, raw)
 	if verdict != tcActRedirect || icmp.Proto != packet.ICMP || icmp.ICMPType != 3 || icmp.ICMPCode != 3 {
 		t.Fatalf("UDP refusal: verdict %d, %+v", int32(verdict), icmp)
 	}
 	if !bytes.Equal(icmp.Payload, uin.IPv4Header()) {
 		t.Errorf("ICMP quote %x, want %x", icmp.Payload, uin.IPv4Header())
+	}
+}
+
+// A pod's tracked TCP flow whose backend went away gets a RST, counted
+// once, as rst_backend_gone.
+func TestPodFlowToGoneBackendIsReset(t *testing.T) {
+	f := newFixture(t)
+	svc := clusterService(packet.TCP, 80, backendRemote1)
+	f.program(svc)
+	in := tcpFrame(podAddr, 34570, clusterIP, 80, packet.SYN, "")
+	in.SrcMAC = localPodMAC
+	if verdict, _ := f.runTC(f.dp.PodProgram(), in.Bytes(), f.pod0); verdict != tcActRedirect {
+		t.Fatalf("first packet: verdict %d, want redirect", int32(verdict))
+	}
+	f.maps.DeleteBackend(51)
+	f.program(service{svcID: svc.svcID, tableID: svc.tableID, frontends: svc.frontends})
+
+	ack := in
+	ack.Flags = packet.ACK
+	var verdict uint32
+	var raw []byte
+	f.expectCounters(map[string]uint64{"rst_backend_gone": 1}, func() {
+		verdict, raw = f.runTC(f.dp.PodProgram(), ack.Bytes(), f.pod0)
+	})
+	if verdict != tcActRedirect {
+		t.Fatalf("verdict %d, want the RST redirected back", int32(verdict))
+	}
+	if rst := decode(t, raw); rst.Flags&packet.RST == 0 || rst.Dst != podAddr {
+		t.Fatalf("want a RST to the pod, got flags %#x to %s", rst.Flags, rst.Dst)
 	}
 }
 

@@ -177,7 +177,7 @@ send:
 /*
  * Refuse a client from TC: turn its packet into a TCP RST or an ICMP port
  * unreachable (built like reject.h does in XDP) and send it back out of the
- * interface it came in on.
+ * interface it came in on. The caller counts why.
  */
 static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
 {
@@ -197,7 +197,6 @@ static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
 		struct tcphdr in;
 		__u32 seg_len, acc;
 
-		count(STAT_REJECT_TCP, skb->len);
 		if (pkt->tcp_flags & TCP_FLAG_RST)
 			return TC_ACT_SHOT;
 		if (bpf_skb_load_bytes(skb, pkt->l4_off, &in, sizeof(in)))
@@ -226,7 +225,6 @@ static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
 	} else {
 		struct icmphdr *icmp = (void *)(ip + 1);
 
-		count(STAT_REJECT_ICMP, skb->len);
 		/* The quote: the original IPv4 header (options dropped) and
 		 * the first 8 bytes of its payload. */
 		if (bpf_skb_load_bytes(skb, sizeof(*eth), icmp + 1, sizeof(struct iphdr)) ||

@@ -35,6 +35,7 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 		count(res->reason, skb->len);
 		return TC_ACT_SHOT;
 	case FLOW_REFUSE:
+		count(pkt->proto == IPPROTO_TCP ? STAT_REJECT_TCP : STAT_REJECT_ICMP, skb->len);
 		return skb_refuse(skb, pkt);
 	case FLOW_RST_GONE:
 		count(STAT_RST_BACKEND_GONE, skb->len);
