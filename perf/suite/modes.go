@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -200,29 +199,11 @@ func (m *xdplbMode) name() string {
 	return summary.ModeXDPLB
 }
 
-var xdpModeOffPattern = regexp.MustCompile(`\boff\b`)
-
-func (m *xdplbMode) unavailable(ctx context.Context, e *env) string {
+func (m *xdplbMode) unavailable(_ context.Context, e *env) string {
 	if e.xdplb == "" {
 		return "no xdplb binary"
 	}
-	if !m.xdpOff {
-		return ""
-	}
-	out, err := exec.CommandContext(ctx, e.xdplb, "agent", "--help").CombinedOutput()
-	if err != nil {
-		return fmt.Sprintf("xdplb agent --help failed: %v", err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.Contains(line, "--xdp-mode") {
-			if xdpModeOffPattern.MatchString(line) {
-				return ""
-			}
-			return "this xdplb has no --xdp-mode off (TC-only datapath) yet: its --xdp-mode offers " +
-				strings.TrimSpace(line[strings.Index(line, "--xdp-mode"):])
-		}
-	}
-	return "xdplb agent --help does not list --xdp-mode"
+	return ""
 }
 
 func (m *xdplbMode) detail() string {
@@ -238,9 +219,9 @@ func (m *xdplbMode) start(ctx context.Context, e *env, set ServiceSet) error {
 		}
 		e.log.Info("wrote services file", "services", set.Count+2, "took", time.Since(t0).Round(time.Millisecond))
 	}
-	xdpMode := "native"
+	xdpMode := string(loader.XDPNative)
 	if m.xdpOff {
-		xdpMode = "off"
+		xdpMode = string(loader.XDPOff)
 		undo, err := e.topo.PassXDP()
 		if err != nil {
 			return err

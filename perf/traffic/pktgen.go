@@ -112,9 +112,9 @@ func (p *Pktgen) Run(ctx context.Context, opts RunOptions) (Result, error) {
 	select {
 	case err = <-done:
 	case <-timer:
-		err = p.stopAndWait(done)
+		err = p.stopAndWait(cmd, done)
 	case <-ctx.Done():
-		err = errors.Join(ctx.Err(), p.stopAndWait(done))
+		err = errors.Join(ctx.Err(), p.stopAndWait(cmd, done))
 	}
 	res := Result{Elapsed: time.Since(start)}
 	sent, errs, perr := parsePktgenOutput(out.String())
@@ -125,8 +125,12 @@ func (p *Pktgen) Run(ctx context.Context, opts RunOptions) (Result, error) {
 	return res, perr
 }
 
-func (p *Pktgen) stopAndWait(done <-chan error) error {
+// stopAndWait stops a timed or cancelled run through pgctrl and waits for
+// pktgen.sh; one that does not end within 10 s is killed.
+func (p *Pktgen) stopAndWait(cmd *exec.Cmd, done <-chan error) error {
 	if _, err := p.ns.Exec("sh", "-c", "echo stop > /proc/net/pktgen/pgctrl"); err != nil {
+		cmd.Process.Kill()
+		<-done
 		return fmt.Errorf("stop pktgen: %w", err)
 	}
 	select {
@@ -137,7 +141,9 @@ func (p *Pktgen) stopAndWait(done <-chan error) error {
 		}
 		return err
 	case <-time.After(10 * time.Second):
-		return errors.New("pktgen did not stop")
+		cmd.Process.Kill()
+		<-done
+		return errors.New("pktgen did not stop within 10 s; killed")
 	}
 }
 
