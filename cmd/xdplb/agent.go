@@ -337,8 +337,9 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 			return cfg, flagError(name, c.String(name), err.Error())
 		}
 	}
-	if cfg.MetricsAddress != "" && cfg.MetricsAddress == cfg.HealthzAddress {
-		return cfg, flagError("metrics-bind-address", cfg.MetricsAddress, "the same as --healthz-bind-address")
+	if bindConflict(cfg.MetricsAddress, cfg.HealthzAddress) {
+		return cfg, flagError("metrics-bind-address", cfg.MetricsAddress,
+			fmt.Sprintf("takes the same port as --healthz-bind-address %s", cfg.HealthzAddress))
 	}
 	if errs := validation.IsValidLabelValue(cfg.ProxyName); len(errs) > 0 {
 		return cfg, flagError("service-proxy-name", cfg.ProxyName, "not a valid label value")
@@ -443,6 +444,23 @@ func checkBindAddress(s string) error {
 		}
 	}
 	return nil
+}
+
+// bindConflict reports whether two valid bind addresses would take the
+// same port: the same port on the same host, or with either host
+// unspecified (all addresses). Port 0 picks a free port and never
+// conflicts.
+func bindConflict(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	hostA, portA, _ := net.SplitHostPort(a)
+	hostB, portB, _ := net.SplitHostPort(b)
+	if portA != portB || portA == "0" {
+		return false
+	}
+	wildcard := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return hostA == hostB || wildcard(hostA) || wildcard(hostB)
 }
 
 func parsePortRange(s string) (uint16, uint16, error) {
