@@ -333,7 +333,7 @@ func (inc *Incremental) Update(in Input) (State, []Problem, map[string]bool) {
 	// changed ports are updated in place, so a sync costs little more
 	// than its changes.
 	if inc.moved || len(inc.state) != len(inc.order) {
-		inc.state = inc.state[:0]
+		inc.state = slices.Grow(inc.state[:0], len(inc.order))
 		clear(inc.pos)
 		for i, k := range inc.order {
 			inc.state = append(inc.state, inc.ports[k].final)

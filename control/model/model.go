@@ -137,6 +137,11 @@ func (c *computer) services(in []*corev1.Service) []*corev1.Service {
 	})
 }
 
+// indexed names element i of a list field: "name[i]".
+func indexed(name string, i int) string {
+	return name + "[" + strconv.Itoa(i) + "]"
+}
+
 // parseIPv4 parses an address that must be IPv4. On failure it returns a
 // message for a Problem.
 func parseIPv4(s string) (netip.Addr, string) {
@@ -226,18 +231,19 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 	seen := map[portID]bool{}
 	for i := range spec.Ports {
 		sp := &spec.Ports[i]
-		field := fmt.Sprintf("spec.ports[%d]", i)
-		proto, ok := c.protocol(obj, field+".protocol", sp.Protocol)
+		// Field names are built only for a problem: most ports have none.
+		field := func(sub string) string { return indexed("spec.ports", i) + sub }
+		proto, ok := c.protocol(obj, field, sp.Protocol)
 		if !ok {
 			continue
 		}
 		if sp.Port < 1 || sp.Port > 65535 {
-			c.report("Service", obj, field+".port", "%d is out of range; port skipped", sp.Port)
+			c.report("Service", obj, field(".port"), "%d is out of range; port skipped", sp.Port)
 			continue
 		}
 		id := portID{sp.Name, proto}
 		if seen[id] {
-			c.report("Service", obj, field+".name", "duplicate port name %q for %s; port skipped", sp.Name, proto)
+			c.report("Service", obj, field(".name"), "duplicate port name %q for %s; port skipped", sp.Name, proto)
 			continue
 		}
 		seen[id] = true
@@ -247,9 +253,9 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 		switch {
 		case sp.NodePort == 0:
 		case !hasNodePorts:
-			c.report("Service", obj, field+".nodePort", "ignored: Service type is %s", svcType)
+			c.report("Service", obj, field(".nodePort"), "ignored: Service type is %s", svcType)
 		case sp.NodePort < 0 || sp.NodePort > 65535:
-			c.report("Service", obj, field+".nodePort", "%d is out of range; ignored", sp.NodePort)
+			c.report("Service", obj, field(".nodePort"), "%d is out of range; ignored", sp.NodePort)
 		default:
 			p.NodePort = uint16(sp.NodePort)
 		}
@@ -275,17 +281,18 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 	}
 }
 
-// protocol converts a Service port protocol, reporting unsupported ones.
-func (c *computer) protocol(obj, field string, p corev1.Protocol) (Protocol, bool) {
+// protocol converts a Service port protocol, reporting unsupported ones
+// under field(".protocol").
+func (c *computer) protocol(obj string, field func(string) string, p corev1.Protocol) (Protocol, bool) {
 	switch p {
 	case corev1.ProtocolTCP, "":
 		return TCP, true
 	case corev1.ProtocolUDP:
 		return UDP, true
 	case corev1.ProtocolSCTP:
-		c.report("Service", obj, field, "SCTP is not supported; port skipped")
+		c.report("Service", obj, field(".protocol"), "SCTP is not supported; port skipped")
 	default:
-		c.report("Service", obj, field, "unknown protocol %q; port skipped", p)
+		c.report("Service", obj, field(".protocol"), "unknown protocol %q; port skipped", p)
 	}
 	return 0, false
 }

@@ -94,7 +94,7 @@ func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 	}
 
 	for i, p := range s.Ports {
-		field := fmt.Sprintf("ports[%d]", i)
+		field := func(sub string) string { return indexed("ports", i) + sub }
 		sp := slicePort{proto: TCP}
 		if p.Name != nil {
 			sp.name = *p.Name
@@ -110,29 +110,29 @@ func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 		}
 		switch {
 		case p.Port == nil:
-			c.report("EndpointSlice", obj, field+".port", "not set; port ignored")
+			c.report("EndpointSlice", obj, field(".port"), "not set; port ignored")
 			continue
 		case *p.Port < 1 || *p.Port > 65535:
-			c.report("EndpointSlice", obj, field+".port", "%d is out of range; port ignored", *p.Port)
+			c.report("EndpointSlice", obj, field(".port"), "%d is out of range; port ignored", *p.Port)
 			continue
 		}
 		sp.port = uint16(*p.Port)
 		if slices.ContainsFunc(out.ports, func(q slicePort) bool { return q.name == sp.name && q.proto == sp.proto }) {
-			c.report("EndpointSlice", obj, field+".name", "duplicate port name %q for %s; ignored", sp.name, sp.proto)
+			c.report("EndpointSlice", obj, field(".name"), "duplicate port name %q for %s; ignored", sp.name, sp.proto)
 			continue
 		}
 		out.ports = append(out.ports, sp)
 	}
 
+	out.endpoints = make([]sliceEndpoint, 0, len(s.Endpoints))
 	for i, e := range s.Endpoints {
-		field := fmt.Sprintf("endpoints[%d].addresses", i)
 		if len(e.Addresses) == 0 {
-			c.report("EndpointSlice", obj, field, "empty; endpoint skipped")
+			c.report("EndpointSlice", obj, indexed("endpoints", i)+".addresses", "empty; endpoint skipped")
 			continue
 		}
 		a, msg := parseIPv4(e.Addresses[0])
 		if msg != "" {
-			c.report("EndpointSlice", obj, field+"[0]", "%s", msg)
+			c.report("EndpointSlice", obj, indexed("endpoints", i)+".addresses[0]", "%s", msg)
 			continue
 		}
 		ep := sliceEndpoint{
