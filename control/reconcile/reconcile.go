@@ -287,6 +287,14 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		return res, err
 	}
 
+	// Tables under ids the outer map does not hold yet go in while the
+	// backends are worked out and written: no frontend points at such an
+	// id (frontends are written after their tables and deleted before
+	// them), so no packet can meet their backend ids before those are
+	// written. On a cold start that is every table.
+	fresh, replacing := r.tablesToWrite(next)
+	install := r.startInstall(ctx, fresh)
+
 	// What moves: backends used by old or new records, frontends, tables
 	// and ranges of the changed ports.
 	nBackends := 0
@@ -326,7 +334,10 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		}
 	}
 
-	err := r.write(ctx, touched, next, oldPorts, full, &res)
+	err := r.write(ctx, touched, next, oldPorts, full, install, replacing, &res)
+	if werr := r.awaitInstall(install, &res); err == nil {
+		err = werr // no error of write's own: it waited for them
+	}
 	for _, rec := range next {
 		if rec != nil {
 			res.Problems = append(res.Problems, rec.problems...)
@@ -338,8 +349,11 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 }
 
 // write applies the changes in the safe order: backends, tables, ranges,
-// frontends; then deletions in reverse.
-func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool, next, old map[string]*portRecord, full bool, res *Result) error {
+// frontends; then deletions in reverse. The tables of fresh are being
+// installed already; replacing are the tables to install once the
+// backends are written.
+func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool, next, old map[string]*portRecord,
+	full bool, fresh *tableInstall, replacing tableWrites, res *Result) error {
 	// 1. Backends that are new or changed.
 	var gone []netip.AddrPort
 	puts := map[uint32]dataplane.Backend{}
@@ -363,33 +377,10 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 	}
 	res.BackendsAdded += len(puts)
 	// 2. Tables, each swapped in whole.
-	var tablePuts []dataplane.TableContent
-	var written []*tableRecord
-	for _, rec := range next {
-		if rec == nil {
-			continue
-		}
-		for id, t := range rec.tables {
-			if t.build == nil {
-				continue
-			}
-			if cur, ok := r.tables[id]; !ok || cur != t.digest {
-				tablePuts = append(tablePuts, dataplane.TableContent{ID: id, Size: t.build.size(), Slot: t.slot})
-				written = append(written, t)
-			}
-		}
+	if err := r.awaitInstall(r.startInstall(ctx, replacing), res); err != nil {
+		return err
 	}
-	n, err := r.dp.PutTables(ctx, tablePuts)
-	for i, tc := range tablePuts[:n] {
-		r.tables[tc.ID] = written[i].digest
-	}
-	res.TablesWritten += n
-	if err != nil {
-		// Some of the rest may have been swapped in: content unknown, so
-		// the next Apply rewrites them whatever it would build.
-		for _, tc := range tablePuts[n:] {
-			r.tables[tc.ID] = 0
-		}
+	if err := r.awaitInstall(fresh, res); err != nil {
 		return err
 	}
 	for _, rec := range next {
@@ -457,7 +448,10 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 			}
 		}
 		for ap := range r.backendIDs {
-			if _, used := r.merged(ap); !used && !touched[ap] {
+			if touched[ap] {
+				continue // decided above
+			}
+			if _, used := r.merged(ap); !used {
 				gone = append(gone, ap)
 			}
 		}
@@ -561,6 +555,86 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 		}
 	}
 	return nil
+}
+
+// tableWrites are tables to install and the records they come from.
+type tableWrites struct {
+	puts []dataplane.TableContent
+	recs []*tableRecord
+}
+
+// tablesToWrite returns the tables of next that differ from those
+// installed, split into those under ids the outer map does not hold
+// (fresh) and those replacing a table.
+func (r *Reconciler) tablesToWrite(next map[string]*portRecord) (fresh, replacing tableWrites) {
+	for _, rec := range next {
+		if rec == nil {
+			continue
+		}
+		for id, t := range rec.tables {
+			if t.build == nil {
+				continue
+			}
+			cur, installed := r.tables[id]
+			if installed && cur == t.digest {
+				continue
+			}
+			w := &fresh
+			if installed {
+				w = &replacing
+			}
+			w.puts = append(w.puts, dataplane.TableContent{ID: id, Size: t.build.size(), Slot: t.slot})
+			w.recs = append(w.recs, t)
+		}
+	}
+	return fresh, replacing
+}
+
+// tableInstall is a PutTables running in the background.
+type tableInstall struct {
+	tables tableWrites
+	done   chan struct{}
+	n      int // tables surely installed, valid once done is closed
+	err    error
+	// awaited is set once the result is recorded in the Reconciler.
+	awaited bool
+}
+
+// startInstall begins installing tables; awaitInstall waits for it.
+// PutTables reads only the tables and the maps, never the Reconciler.
+func (r *Reconciler) startInstall(ctx context.Context, tables tableWrites) *tableInstall {
+	in := &tableInstall{tables: tables, done: make(chan struct{})}
+	if len(tables.puts) == 0 {
+		close(in.done)
+		return in
+	}
+	go func() {
+		defer close(in.done)
+		in.n, in.err = r.dp.PutTables(ctx, tables.puts)
+	}()
+	return in
+}
+
+// awaitInstall waits for in and records what it installed: the digests
+// of the tables surely installed, and unknown content for the rest, of
+// which some may have been swapped in, so that the next Apply rewrites
+// them whatever it would build. Only the first call for in records; it
+// returns the installation's error.
+func (r *Reconciler) awaitInstall(in *tableInstall, res *Result) error {
+	<-in.done
+	if in.awaited {
+		return in.err
+	}
+	in.awaited = true
+	for i, tc := range in.tables.puts {
+		if i < in.n {
+			r.tables[tc.ID] = in.tables.recs[i].digest
+		} else {
+			r.tables[tc.ID] = 0
+		}
+	}
+	res.TablesWritten += in.n
+	return in.err
 }
 
 // reserve sizes the empty maps keyed by port or frontend for the ports in

@@ -3,6 +3,7 @@ package reconcile_test
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -442,5 +443,52 @@ func TestApplyBuildsOnlyChangedTables(t *testing.T) {
 	fe, _ := frontend(t, dp, nodeIP, 30080)
 	if got := tableBackends(t, dp, fe.TableID); len(got) == 0 {
 		t.Fatal("no table after the last step")
+	}
+}
+
+// TestApplyWritesNewAndReplacedTables mixes, in one Apply, tables under
+// new ids (installed while the backends are written) with tables that
+// replace ones in use (installed after them): both are written once and
+// recorded, so an unchanged state writes nothing.
+func TestApplyWritesNewAndReplacedTables(t *testing.T) {
+	dp := newDatapath(t)
+	r, err := reconcile.New(dp, config(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := ep("10.244.1.10", false, true), ep("10.244.1.11", false, true), ep("10.244.1.12", false, true)
+	other := func(eps ...model.Endpoint) model.Service {
+		s := web(eps...)
+		s.Name = "other"
+		s.Frontends = []model.Frontend{{Addr: nodeIP, Port: 30081, Protocol: model.TCP, Kind: model.NodePort}}
+		return s
+	}
+	steps := []struct {
+		name   string
+		svcs   []model.Service
+		writes int
+	}{
+		{"first port", []model.Service{web(a, b)}, 1},
+		{"port changed, port added", []model.Service{web(a, b, c), other(c)}, 2},
+		{"same again", []model.Service{web(a, b, c), other(c)}, 0},
+		{"both changed", []model.Service{web(a), other(b, c)}, 2},
+		{"same again", []model.Service{web(a), other(b, c)}, 0},
+	}
+	for _, st := range steps {
+		res := apply(t, r, st.svcs...)
+		if res.TablesWritten != st.writes {
+			t.Errorf("%s: %d tables written, want %d", st.name, res.TablesWritten, st.writes)
+		}
+	}
+	for port, want := range map[uint16][]netip.Addr{30080: {a.Addr}, 30081: {b.Addr, c.Addr}} {
+		fe, ok := frontend(t, dp, nodeIP, port)
+		if !ok {
+			t.Fatalf("no frontend on port %d", port)
+		}
+		got := tableBackends(t, dp, fe.TableID)
+		slices.SortFunc(got, netip.Addr.Compare)
+		if !slices.Equal(slices.Compact(got), want) {
+			t.Errorf("port %d: table backends %v, want %v", port, slices.Compact(got), want)
+		}
 	}
 }
