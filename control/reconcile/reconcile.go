@@ -137,17 +137,19 @@ type Reconciler struct {
 
 	// Per service port: what it wants (applied, or about to be).
 	ports map[string]*portRecord
-	// Backends: the users (service port keys) of each address:port,
-	// and ids and values as written.
-	users      map[netip.AddrPort][]string
-	backendIDs map[netip.AddrPort]uint32
-	backends   map[uint32]dataplane.Backend
+	// Backends: the id and the use of each address:port, and the values
+	// as written by id.
+	addrs    map[netip.AddrPort]backendState
+	backends map[uint32]dataplane.Backend
+	// applies counts the Applies, to tell the backends one of them
+	// touched (backendState.touched).
+	applies uint64
 	// The other maps as written.
 	tables    map[uint32]uint64 // digest of the slots as written; 0: pinned by an earlier agent, content unknown
 	frontends map[dataplane.FrontendKey]dataplane.Frontend
 	ranges    map[dataplane.SourceRange]bool
 	usedIDs   map[uint32]bool // service port ids in use
-	// Backend ids in use (the values of backendIDs); the allocators
+	// Backend ids in use (those in addrs); the allocators
 	// resume their search where they last found a free id.
 	usedBackendIDs map[uint32]bool
 	nextBackendID  uint32
@@ -175,13 +177,12 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	}
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
-		ports:      map[string]*portRecord{},
-		users:      map[netip.AddrPort][]string{},
-		backendIDs: map[netip.AddrPort]uint32{},
-		tables:     map[uint32]uint64{},
-		ranges:     map[dataplane.SourceRange]bool{},
-		usedIDs:    map[uint32]bool{},
-		newNames:   map[uint32]string{},
+		ports:    map[string]*portRecord{},
+		addrs:    map[netip.AddrPort]backendState{},
+		tables:   map[uint32]uint64{},
+		ranges:   map[dataplane.SourceRange]bool{},
+		usedIDs:  map[uint32]bool{},
+		newNames: map[uint32]string{},
 
 		usedBackendIDs: map[uint32]bool{},
 		adoptedIDs:     map[uint32]bool{},
@@ -191,7 +192,7 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 		return nil, fmt.Errorf("adopt backends: %w", err)
 	}
 	for id, b := range r.backends {
-		r.backendIDs[netip.AddrPortFrom(b.Addr, b.Port)] = id
+		r.addrs[netip.AddrPortFrom(b.Addr, b.Port)] = backendState{id: id}
 		r.usedBackendIDs[id] = true
 	}
 	if r.frontends, err = dp.Frontends(); err != nil {
@@ -303,24 +304,17 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 			nBackends += len(rec.backends)
 		}
 	}
-	touched := make(map[netip.AddrPort]bool, nBackends)
+	r.applies++
+	touched := make([]netip.AddrPort, 0, nBackends)
 	for k, rec := range next {
 		if old := r.ports[k]; old != nil {
 			for _, b := range old.backends {
-				ap := b.addrPort()
-				touched[ap] = true
-				if us, ok := r.users[ap]; ok {
-					r.users[ap] = slices.DeleteFunc(us, func(u string) bool { return u == k })
-				}
+				touched = r.use(b, -1, touched)
 			}
 		}
 		if rec != nil {
 			for _, b := range rec.backends {
-				ap := b.addrPort()
-				touched[ap] = true
-				if !slices.Contains(r.users[ap], k) {
-					r.users[ap] = append(r.users[ap], k)
-				}
+				touched = r.use(b, 1, touched)
 			}
 		}
 	}
@@ -352,26 +346,27 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 // frontends; then deletions in reverse. The tables of fresh are being
 // installed already; replacing are the tables to install once the
 // backends are written.
-func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool, next, old map[string]*portRecord,
+func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, old map[string]*portRecord,
 	full bool, fresh *tableInstall, replacing tableWrites, res *Result) error {
 	// 1. Backends that are new or changed.
 	var gone []netip.AddrPort
-	puts := map[uint32]dataplane.Backend{}
-	for ap := range touched {
-		b, used := r.merged(ap)
-		if !used {
+	puts := make(map[uint32]dataplane.Backend, len(touched))
+	for _, ap := range touched {
+		st := r.addrs[ap]
+		if st.users == 0 {
 			gone = append(gone, ap)
 			continue
 		}
-		id := r.backendIDs[ap]
-		if cur, ok := r.backends[id]; ok && cur == b {
+		b := st.merged(ap)
+		if cur, ok := r.backends[st.id]; ok && cur == b {
 			continue
 		}
-		puts[id] = b
+		puts[st.id] = b
 	}
 	if err := r.dp.PutBackends(puts); err != nil {
 		return err
 	}
+	r.backends = presized(r.backends, len(puts))
 	for id, b := range puts {
 		r.backends[id] = b
 	}
@@ -447,11 +442,8 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 				dropTables = append(dropTables, id)
 			}
 		}
-		for ap := range r.backendIDs {
-			if touched[ap] {
-				continue // decided above
-			}
-			if _, used := r.merged(ap); !used {
+		for ap, st := range r.addrs {
+			if st.users == 0 && st.touched != r.applies { // touched: decided above
 				gone = append(gone, ap)
 			}
 		}
@@ -512,10 +504,11 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 		res.TablesRemoved++
 	}
 	for _, ap := range gone {
-		id, ok := r.backendIDs[ap]
+		st, ok := r.addrs[ap]
 		if !ok {
 			continue
 		}
+		id := st.id
 		if err := r.dp.DeleteBackend(id); err != nil {
 			return err
 		}
@@ -526,9 +519,8 @@ func (r *Reconciler) write(ctx context.Context, touched map[netip.AddrPort]bool,
 			res.RemovedBackends[id] = b
 		}
 		delete(r.backends, id)
-		delete(r.backendIDs, ap)
+		delete(r.addrs, ap)
 		delete(r.usedBackendIDs, id)
-		delete(r.users, ap)
 		res.BackendsRemoved++
 	}
 	// Ids and names of ports that are gone.
@@ -689,37 +681,42 @@ func (l backendList) sorted() backendList {
 	return slices.Clip(out)
 }
 
-// find returns the backend at ap.
-func (l backendList) find(ap netip.AddrPort) (dataplane.Backend, bool) {
-	i, ok := slices.BinarySearchFunc(l, ap, func(b backend, ap netip.AddrPort) int { return b.addrPort().Compare(ap) })
-	if !ok {
-		return dataplane.Backend{}, false
-	}
-	return l[i].Backend, true
+// backendState is what the reconciler keeps of one backend address: its
+// id, and how many service ports have it in their view, how many of those
+// see it local and how many see it serving (not terminating). A backend
+// several ports share is merged from all their views: local if any sees it
+// local, terminating only if all see it terminating.
+type backendState struct {
+	id                    uint32
+	users, local, serving int32
+	// touched is the number of the last Apply that changed the counts.
+	touched uint64
 }
 
-// merged is the value of a backend from all its users: local if any says
-// so, terminating only if all do. used is false when no port uses it.
-func (r *Reconciler) merged(ap netip.AddrPort) (dataplane.Backend, bool) {
-	var out dataplane.Backend
-	first := true
-	for _, k := range r.users[ap] {
-		rec := r.ports[k]
-		if rec == nil {
-			continue
-		}
-		b, ok := rec.backends.find(ap)
-		if !ok {
-			continue
-		}
-		if first {
-			out, first = b, false
-			continue
-		}
-		out.Local = out.Local || b.Local
-		out.Terminating = out.Terminating && b.Terminating
+// merged is the backend's value as its users see it together.
+func (s backendState) merged(ap netip.AddrPort) dataplane.Backend {
+	return dataplane.Backend{Addr: ap.Addr(), Port: ap.Port(), Local: s.local > 0, Terminating: s.serving == 0}
+}
+
+// use adds one port's view b of a backend to its counts (delta 1) or
+// takes it away (delta -1), and appends the backend to touched the first
+// time this Apply changes it. The backend must have an id.
+func (r *Reconciler) use(b backend, delta int32, touched []netip.AddrPort) []netip.AddrPort {
+	ap := b.addrPort()
+	st := r.addrs[ap]
+	st.users += delta
+	if b.Local {
+		st.local += delta
 	}
-	return out, !first
+	if !b.Terminating {
+		st.serving += delta
+	}
+	if st.touched != r.applies {
+		st.touched = r.applies
+		touched = append(touched, ap)
+	}
+	r.addrs[ap] = st
+	return touched
 }
 
 // owner returns the port whose record holds frontend k, "" if none.
@@ -809,14 +806,14 @@ func (r *Reconciler) record(svc *model.Service) *portRecord {
 	// its EndpointSlice.
 	for _, e := range svc.Endpoints {
 		ap := netip.AddrPortFrom(e.Addr, e.Port)
-		if _, ok := r.backendIDs[ap]; !ok {
+		if _, ok := r.addrs[ap]; !ok {
 			bid, ok := r.allocateBackendID()
 			if !ok {
 				rec.problems = append(rec.problems, fmt.Sprintf(
 					"backend %s of %s not programmed: all %d backend ids in use (raise --backends-max)", ap, key, r.cfg.BackendsMax-1))
 				continue
 			}
-			r.backendIDs[ap] = bid
+			r.addrs[ap] = backendState{id: bid}
 		}
 		rec.backends = append(rec.backends, backend{dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
 			Terminating: e.Terminating || !e.Serving}})
@@ -1010,10 +1007,11 @@ func (r *Reconciler) tableInput(eps []model.Endpoint) *tableInput {
 		byAddr[e.Addr]++
 	}
 	for _, e := range eps {
-		id, ok := r.backendIDs[netip.AddrPortFrom(e.Addr, e.Port)]
+		st, ok := r.addrs[netip.AddrPortFrom(e.Addr, e.Port)]
 		if !ok {
 			continue // out of backend ids, reported already
 		}
+		id := st.id
 		// An endpoint is identified by its address (the same pod for every
 		// port of the service, so multi-port services share one build),
 		// or by address and port where one address serves twice.

@@ -492,3 +492,65 @@ func TestApplyWritesNewAndReplacedTables(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedBackendMergesViews checks the value of a backend that several
+// service ports share as ports come, change and go: local if any port sees
+// it local, terminating only if every port sees it terminating, removed
+// once no port has it.
+func TestSharedBackendMergesViews(t *testing.T) {
+	port := func(name string, octet byte, e model.Endpoint) model.Service {
+		s := web(e)
+		s.Name = name
+		s.Frontends = []model.Frontend{{Addr: netip.AddrFrom4([4]byte{10, 96, 1, octet}), Port: 80,
+			Protocol: model.TCP, Kind: model.ClusterIP}}
+		return s
+	}
+	const addr = "10.244.0.9"
+	a := func(local, ready bool) *model.Service { s := port("a", 1, ep(addr, local, ready)); return &s }
+	b := func(local, ready bool) *model.Service { s := port("b", 2, ep(addr, local, ready)); return &s }
+	type want struct{ present, local, terminating bool }
+	steps := []struct {
+		name    string
+		changed map[string]*model.Service // by key; nil: the port is gone
+		want    want
+	}{
+		{"one port, remote, ready", map[string]*model.Service{a(false, true).Key(): a(false, true)},
+			want{true, false, false}},
+		{"second port sees it local", map[string]*model.Service{b(true, true).Key(): b(true, true)},
+			want{true, true, false}},
+		{"first port sees it terminating", map[string]*model.Service{a(false, true).Key(): a(false, false)},
+			want{true, true, false}},
+		{"both see it terminating", map[string]*model.Service{b(true, true).Key(): b(true, false)},
+			want{true, true, true}},
+		{"the local view goes", map[string]*model.Service{b(true, true).Key(): nil},
+			want{true, false, true}},
+		{"the first port is ready again", map[string]*model.Service{a(false, true).Key(): a(false, true)},
+			want{true, false, false}},
+		{"no port has it", map[string]*model.Service{a(false, true).Key(): nil},
+			want{false, false, false}},
+	}
+	dp := newDatapath(t)
+	r, err := reconcile.New(dp, config(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(t, r) // the first Apply must be a full one
+	for _, step := range steps {
+		if _, err := r.ApplyChanges(context.Background(), step.changed); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		bes, err := dp.Backends()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got want
+		for _, be := range bes {
+			if be.Addr == netip.MustParseAddr(addr) {
+				got = want{true, be.Local, be.Terminating}
+			}
+		}
+		if got != step.want {
+			t.Errorf("%s: backend present/local/terminating = %+v, want %+v", step.name, got, step.want)
+		}
+	}
+}
