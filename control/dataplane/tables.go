@@ -21,16 +21,19 @@ import (
 // one, never a mix.
 func (d *Dataplane) PutTable(id uint32, slots []uint32) error {
 	_, err := d.PutTables(context.Background(), []TableContent{{ID: id, Size: len(slots),
-		Slot: func(i int) uint32 { return slots[i] }}})
+		Fill: func(dst []uint32) error { copy(dst, slots); return nil }}})
 	return err
 }
 
-// TableContent is a Maglev table to install: Size slots, slot i holding
-// backend id Slot(i).
+// TableContent is a Maglev table to install: Size slots, which Fill
+// writes (backend ids) into dst, of length Size. PutTables calls Fill once,
+// on the goroutine that installs the table, with a buffer that goroutine
+// reuses, so a table can be computed where it is installed and need not
+// be kept in memory before. A Fill error fails the installation.
 type TableContent struct {
 	ID   uint32
 	Size int
-	Slot func(i int) uint32
+	Fill func(dst []uint32) error
 }
 
 // tablesPerBatch bounds the inner maps (and file descriptors) held open
@@ -104,8 +107,10 @@ func tableBytes(size int) uintptr {
 // caller to close.
 func createTables(tables []TableContent, inners []*ebpf.Map, workers int) error {
 	offsets := make([]uintptr, len(tables)+1)
+	largest := 0
 	for i, t := range tables {
 		offsets[i+1] = offsets[i] + tableBytes(t.Size)
+		largest = max(largest, t.Size)
 	}
 	// Reserve the address range; each table's mapping replaces its part.
 	window, err := unix.MmapPtr(-1, 0, nil, offsets[len(tables)], unix.PROT_NONE,
@@ -137,12 +142,13 @@ func createTables(tables []TableContent, inners []*ebpf.Map, workers int) error 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			buf := make([]uint32, largest)
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= len(tables) || errs[w] != nil {
 					return
 				}
-				inners[i], errs[w] = newTable(tables[i], unsafe.Add(window, offsets[i]))
+				inners[i], errs[w] = newTable(tables[i], unsafe.Add(window, offsets[i]), buf)
 				holes[i] = errors.Is(errs[w], errMapping)
 			}
 		}()
@@ -155,8 +161,13 @@ func createTables(tables []TableContent, inners []*ebpf.Map, workers int) error 
 var errMapping = errors.New("map into memory")
 
 // newTable creates an inner map holding t, filled through a mapping at
-// addr, which stays until the caller unmaps it.
-func newTable(t TableContent, addr unsafe.Pointer) (*ebpf.Map, error) {
+// addr, which stays until the caller unmaps it; buf (at least t.Size
+// long) takes the slots first.
+func newTable(t TableContent, addr unsafe.Pointer, buf []uint32) (*ebpf.Map, error) {
+	slots := buf[:t.Size]
+	if err := t.Fill(slots); err != nil {
+		return nil, fmt.Errorf("table %d: %w", t.ID, err)
+	}
 	inner, err := ebpf.NewMap(&ebpf.MapSpec{
 		Name:       "maglev_table",
 		Type:       ebpf.Array,
@@ -177,10 +188,10 @@ func newTable(t TableContent, addr unsafe.Pointer) (*ebpf.Map, error) {
 		return nil, fmt.Errorf("table %d: %w: %w", t.ID, errMapping, err)
 	}
 	const stride = 8
-	buf := unsafe.Slice((*byte)(p), length)
-	binary.NativeEndian.PutUint32(buf[0:], uint32(t.Size))
-	for i := 0; i < t.Size; i++ {
-		binary.NativeEndian.PutUint32(buf[(i+1)*stride:], t.Slot(i))
+	mem := unsafe.Slice((*byte)(p), length)
+	binary.NativeEndian.PutUint32(mem[0:], uint32(t.Size))
+	for i, s := range slots {
+		binary.NativeEndian.PutUint32(mem[(i+1)*stride:], s)
 	}
 	return inner, nil
 }

@@ -2,6 +2,7 @@ package dataplane_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 
@@ -49,7 +50,7 @@ func TestPutTables(t *testing.T) {
 				slots := slotsOf(id+tc.salt, tc.size(id))
 				want[id] = slots
 				tables = append(tables, dataplane.TableContent{ID: id, Size: len(slots),
-					Slot: func(i int) uint32 { return slots[i] }})
+					Fill: func(dst []uint32) error { copy(dst, slots); return nil }})
 			}
 			n, err := d.PutTables(context.Background(), tables)
 			if err != nil || n != len(tables) {
@@ -68,7 +69,16 @@ func TestPutTables(t *testing.T) {
 	}
 
 	if _, err := d.PutTables(context.Background(), []dataplane.TableContent{{ID: 0, Size: 1,
-		Slot: func(int) uint32 { return 1 }}}); err == nil {
+		Fill: func(dst []uint32) error { dst[0] = 1; return nil }}}); err == nil {
 		t.Error("table id 0 accepted")
+	}
+	fail := errors.New("no content")
+	_, err = d.PutTables(context.Background(), []dataplane.TableContent{{ID: 1500, Size: 251,
+		Fill: func([]uint32) error { return fail }}})
+	if !errors.Is(err, fail) {
+		t.Errorf("PutTables with a failing Fill = %v, want its error", err)
+	}
+	if _, err := d.Table(1500); err == nil {
+		t.Error("a table whose Fill failed was installed")
 	}
 }

@@ -197,6 +197,43 @@ func Build(backends []Backend, m uint32, seed uint64) ([]uint32, error) {
 // for m slots (so a caller building many tables can reuse one buffer); it
 // returns the table.
 func BuildInto(buf []uint32, backends []Backend, m uint32, seed uint64) ([]uint32, error) {
+	order, err := weighted(backends, m)
+	if err != nil || len(order) == 0 {
+		return nil, err
+	}
+	n := len(order)
+	cs := make([]cursor, n)
+	var wmax uint32
+	for k, i := range order {
+		b := backends[i]
+		h := sipHash24(seed, 0, b.ID)
+		cs[k] = cursor{
+			pos:    uint32(h) % m,
+			skip:   uint32(h>>32)%(m-1) + 1,
+			weight: b.Weight,
+			index:  i,
+		}
+		wmax = max(wmax, b.Weight)
+	}
+	setQuotas(cs, m)
+
+	table := slices.Grow(buf[:0], int(m))[:m]
+	clear(table)
+	fill(table, cs, wmax)
+	return table, nil
+}
+
+// Check returns the error Build would return for backends and m, and
+// whether the table Build returns would have slots (some backend has
+// nonzero weight), without building it.
+func Check(backends []Backend, m uint32) (slots bool, err error) {
+	order, err := weighted(backends, m)
+	return len(order) > 0, err
+}
+
+// weighted validates Build's arguments and returns the indices of the
+// backends with nonzero weight, ordered by ID.
+func weighted(backends []Backend, m uint32) ([]uint32, error) {
 	if !supported(m) {
 		return nil, fmt.Errorf("maglev: table size %d is not supported (allowed: %s)", m, sizesList())
 	}
@@ -220,34 +257,11 @@ func BuildInto(buf []uint32, backends []Backend, m uint32, seed uint64) ([]uint3
 		}
 	}
 	order = slices.DeleteFunc(order, func(i uint32) bool { return backends[i].Weight == 0 })
-	n := len(order)
-	if n == 0 {
-		return nil, nil
-	}
-	if uint64(m) <= uint64(n) {
+	if n := len(order); n > 0 && uint64(m) <= uint64(n) {
 		return nil, fmt.Errorf("maglev: table size %d must be larger than the number of backends with nonzero weight (%d); allowed sizes: %s",
 			m, n, sizesList())
 	}
-
-	cs := make([]cursor, n)
-	var wmax uint32
-	for k, i := range order {
-		b := backends[i]
-		h := sipHash24(seed, 0, b.ID)
-		cs[k] = cursor{
-			pos:    uint32(h) % m,
-			skip:   uint32(h>>32)%(m-1) + 1,
-			weight: b.Weight,
-			index:  i,
-		}
-		wmax = max(wmax, b.Weight)
-	}
-	setQuotas(cs, m)
-
-	table := slices.Grow(buf[:0], int(m))[:m]
-	clear(table)
-	fill(table, cs, wmax)
-	return table, nil
+	return order, nil
 }
 
 // setQuotas sets each cursor's need to its share of m slots, proportional to

@@ -519,3 +519,34 @@ func TestBuildIntoReusesBuffer(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckMatchesBuild checks that Check reports what Build returns:
+// the same error, and slots exactly when Build returns a table.
+func TestCheckMatchesBuild(t *testing.T) {
+	tests := []struct {
+		name     string
+		backends []Backend
+		m        uint32
+	}{
+		{"one backend", makeBackends(1, 0), 251},
+		{"weighted", []Backend{{"a", 1}, {"b", 3}, {"c", 0}}, 509},
+		{"none", nil, 251},
+		{"all weight zero", []Backend{{"a", 0}, {"b", 0}}, 251},
+		{"size not supported", makeBackends(1, 0), 16384},
+		{"too many backends", makeBackends(251, 0), 251},
+		{"duplicate ID", []Backend{{"a", 1}, {"b", 1}, {"a", 2}}, 251},
+		{"empty ID", []Backend{{"a", 1}, {"", 1}}, 251},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			table, berr := Build(tc.backends, tc.m, 0)
+			slots, cerr := Check(tc.backends, tc.m)
+			if fmt.Sprint(cerr) != fmt.Sprint(berr) {
+				t.Errorf("Check error %v, Build error %v", cerr, berr)
+			}
+			if slots != (len(table) > 0) {
+				t.Errorf("Check slots = %v, Build returned %d slots", slots, len(table))
+			}
+		})
+	}
+}

@@ -1,34 +1,65 @@
 package reconcile
 
 import (
-	"slices"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/xdplb/xdplb/control/maglev"
 )
 
-// maglevBuild is a Maglev build: the table as indices into its members,
-// 16 bits each where they fit (always, for any realistic service).
-type maglevBuild struct {
-	perm16 []uint16
-	perm32 []uint32
+// tableBuild is a Maglev build for one or more tables to be written
+// (ports with the same members, such as the ports of one Service, share
+// one). The goroutine that writes a table makes its build, in the buffer
+// it writes the table from; a build with several users is made once and
+// kept until they are written.
+type tableBuild struct {
+	members []maglev.Backend
+	size    uint32
+	seed    uint64
+	users   int // set before the tables are written
+
+	once sync.Once
+	perm []uint32 // slot -> member, kept for several users
+	err  error
+	// built and took tell whether the build was made, and how long it
+	// took; read them once the tables are written.
+	built bool
+	took  time.Duration
 }
 
-// size is the number of slots.
-func (e *maglevBuild) size() int {
-	if e.perm32 != nil {
-		return len(e.perm32)
+// fill writes the slots of a table of b with member backend ids ids into
+// dst, of b.size slots.
+func (b *tableBuild) fill(dst []uint32, ids []uint32) error {
+	var perm []uint32
+	var err error
+	if b.users > 1 {
+		b.once.Do(func() { b.perm, b.err = b.build(nil) })
+		perm, err = b.perm, b.err
+	} else {
+		perm, err = b.build(dst)
 	}
-	return len(e.perm16)
+	if err != nil {
+		return err
+	}
+	if len(perm) != len(dst) {
+		return fmt.Errorf("maglev build of %d slots for a table of %d", len(perm), len(dst))
+	}
+	for i, m := range perm {
+		dst[i] = ids[m]
+	}
+	return nil
 }
 
-// at is the member index of slot i.
-func (e *maglevBuild) at(i int) uint32 {
-	if e.perm32 != nil {
-		return e.perm32[i]
-	}
-	return uint32(e.perm16[i])
+// build makes the build in buf's storage if it has room.
+func (b *tableBuild) build(buf []uint32) ([]uint32, error) {
+	start := time.Now()
+	perm, err := maglev.BuildInto(buf, b.members, b.size, b.seed)
+	b.took = time.Since(start)
+	b.built = err == nil
+	return perm, err
 }
 
 // buildKey names a build by its inputs: builds with equal keys are equal.
@@ -42,19 +73,4 @@ func buildKey(members []maglev.Backend, size uint32) string {
 		b.WriteString(strconv.FormatUint(uint64(m.Weight), 10))
 	}
 	return b.String()
-}
-
-// newMaglevBuild keeps perm, a table built over members members; perm
-// itself is not retained.
-func newMaglevBuild(perm []uint32, members int) *maglevBuild {
-	e := &maglevBuild{}
-	if members <= 1<<16 {
-		e.perm16 = make([]uint16, len(perm))
-		for i, v := range perm {
-			e.perm16[i] = uint16(v)
-		}
-	} else {
-		e.perm32 = slices.Clone(perm)
-	}
-	return e
 }

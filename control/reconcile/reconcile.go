@@ -7,10 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"runtime"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
@@ -36,8 +33,10 @@ type Result struct {
 	BackendsAdded, BackendsRemoved     int
 	TablesWritten, TablesRemoved       int
 	FrontendsWritten, FrontendsRemoved int
-	MaglevBuilds                       int
-	MaglevTime                         time.Duration
+	// MaglevBuilds counts the Maglev builds made, MaglevTime the time
+	// they took, summed (they run in parallel).
+	MaglevBuilds int
+	MaglevTime   time.Duration
 	// Problems are service ports that could not be programmed fully
 	// (out of ids, a table that could not be built); the rest was.
 	Problems []string
@@ -67,20 +66,16 @@ type tableRecord struct {
 	// finds both unchanged keeps the table without building it again.
 	key string
 	ids []uint32
-	// build (slot -> index into ids) is held only until the table is
-	// written.
-	build  *maglevBuild
+	// digest identifies the slots (see tableDigest) once the table is
+	// written; the goroutine that builds and writes the table sets it.
 	digest uint64
 }
 
-func (t *tableRecord) slot(i int) uint32 { return t.ids[t.build.at(i)] }
-
 // tableDigest identifies a table's content: FNV-1a over the slots, never 0
 // (0 marks a pinned table of unknown content).
-func tableDigest(t *tableRecord) uint64 {
+func tableDigest(slots []uint32) uint64 {
 	h := uint64(14695981039346656037)
-	for i := range t.build.size() {
-		s := t.slot(i)
+	for _, s := range slots {
 		for j := 0; j < 4; j++ {
 			h ^= uint64(byte(s >> (8 * j)))
 			h *= 1099511628211
@@ -117,10 +112,8 @@ type pendingPort struct {
 type portRecord struct {
 	id        uint32
 	frontends map[dataplane.FrontendKey]dataplane.Frontend
-	// tables holds each table's slots until they are written; afterwards
-	// only the digest is kept (see tableDigest).
-	tables map[uint32]*tableRecord
-	ranges []dataplane.SourceRange
+	tables    map[uint32]*tableRecord
+	ranges    []dataplane.SourceRange
 	// backends is this port's view of its endpoints; a backend several
 	// ports share is merged from all views.
 	backends backendList
@@ -279,22 +272,21 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		}
 	}
 	r.flushIDs()
-	r.buildTables(recs, &res)
-	for _, rec := range recs {
-		r.finish(rec)
-	}
 	if err := ctx.Err(); err != nil {
 		r.release(next)
 		return res, err
 	}
 
 	// Tables under ids the outer map does not hold yet go in while the
-	// backends are worked out and written: no frontend points at such an
-	// id (frontends are written after their tables and deleted before
-	// them), so no packet can meet their backend ids before those are
-	// written. On a cold start that is every table.
-	fresh, replacing := r.tablesToWrite(next)
+	// rest is worked out and the backends are written: no frontend points
+	// at such an id (frontends are written after their tables and deleted
+	// before them), so no packet can meet their backend ids before those
+	// are written. On a cold start that is every table.
+	fresh, replacing, builds := r.planTables(recs)
 	install := r.startInstall(ctx, fresh)
+	for _, rec := range recs {
+		r.finish(rec)
+	}
 
 	// What moves: backends used by old or new records, frontends, tables
 	// and ranges of the changed ports.
@@ -331,6 +323,12 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	err := r.write(ctx, touched, next, oldPorts, full, install, replacing, &res)
 	if werr := r.awaitInstall(install, &res); err == nil {
 		err = werr // no error of write's own: it waited for them
+	}
+	for _, b := range builds {
+		if b.built {
+			res.MaglevBuilds++
+			res.MaglevTime += b.took
+		}
 	}
 	for _, rec := range next {
 		if rec != nil {
@@ -377,14 +375,6 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 	}
 	if err := r.awaitInstall(fresh, res); err != nil {
 		return err
-	}
-	for _, rec := range next {
-		if rec == nil {
-			continue
-		}
-		for _, t := range rec.tables {
-			t.build = nil // written: key, ids and digest identify it from now on
-		}
 	}
 	// 3. Source ranges, then frontends.
 	wantRanges := map[dataplane.SourceRange]bool{}
@@ -555,31 +545,55 @@ type tableWrites struct {
 	recs []*tableRecord
 }
 
-// tablesToWrite returns the tables of next that differ from those
-// installed, split into those under ids the outer map does not hold
-// (fresh) and those replacing a table.
-func (r *Reconciler) tablesToWrite(next map[string]*portRecord) (fresh, replacing tableWrites) {
-	for _, rec := range next {
-		if rec == nil {
+// add adds table t under id, to be built by b.
+func (w *tableWrites) add(id uint32, t *tableRecord, b *tableBuild) {
+	w.puts = append(w.puts, dataplane.TableContent{ID: id, Size: int(b.size), Fill: func(dst []uint32) error {
+		if err := b.fill(dst, t.ids); err != nil {
+			return err
+		}
+		t.digest = tableDigest(dst)
+		return nil
+	}})
+	w.recs = append(w.recs, t)
+}
+
+// planTables decides the tables of recs. A table whose inputs are those
+// of the table written before is kept; the others are to be written,
+// split into those under ids the outer map does not hold (fresh) and
+// those replacing a table. Their builds, one per distinct member set, are
+// made by the goroutines that write the tables (see tableBuild).
+func (r *Reconciler) planTables(recs []*portRecord) (fresh, replacing tableWrites, builds []*tableBuild) {
+	byKey := map[string]*tableBuild{}
+	for _, rec := range recs {
+		if rec.pending == nil {
 			continue
 		}
-		for id, t := range rec.tables {
-			if t.build == nil {
+		for _, set := range rec.pending.order {
+			in := rec.pending.sets[set]
+			if in.err != nil || len(in.members) == 0 {
 				continue
 			}
-			cur, installed := r.tables[id]
-			if installed && cur == t.digest {
+			if p := in.prev; p != nil && p.key == in.key && slices.Equal(p.ids, in.ids) && r.tables[in.id] == p.digest {
+				// Written already, and its inputs are the same.
+				in.table = &tableRecord{key: p.key, ids: p.ids, digest: p.digest}
 				continue
 			}
+			b := byKey[in.key]
+			if b == nil {
+				b = &tableBuild{members: in.members, size: in.size, seed: r.cfg.MaglevSeed}
+				byKey[in.key] = b
+				builds = append(builds, b)
+			}
+			b.users++
+			in.table = &tableRecord{key: in.key, ids: in.ids}
 			w := &fresh
-			if installed {
+			if _, installed := r.tables[in.id]; installed {
 				w = &replacing
 			}
-			w.puts = append(w.puts, dataplane.TableContent{ID: id, Size: t.build.size(), Slot: t.slot})
-			w.recs = append(w.recs, t)
+			w.add(in.id, in.table, b)
 		}
 	}
-	return fresh, replacing
+	return fresh, replacing, builds
 }
 
 // tableInstall is a PutTables running in the background.
@@ -1030,114 +1044,16 @@ func (r *Reconciler) tableInput(eps []model.Endpoint) *tableInput {
 		in.err = fmt.Errorf("%d endpoints exceed the largest Maglev table", len(members))
 		return in
 	}
+	// The build is made where the table is written: any error it would
+	// have is found here, for this port alone.
+	slots, err := maglev.Check(members, in.size)
+	if err != nil {
+		in.err = err
+		return in
+	}
+	if !slots {
+		return &tableInput{} // every member has weight 0: no table, as with no members
+	}
 	in.key = buildKey(members, in.size)
 	return in
-}
-
-// buildTables builds the tables of recs that differ from those applied
-// before: each distinct member set once, on all CPUs. A build depends only
-// on its inputs, so the tables are the same however the work is spread.
-func (r *Reconciler) buildTables(recs []*portRecord, res *Result) {
-	type job struct {
-		in    *tableInput // the first input with these members
-		users []*tableInput
-		build *maglevBuild
-		err   error
-	}
-	var jobs []*job
-	byKey := map[string]*job{}
-	var inputs []*tableInput
-	builds := map[*tableInput]*maglevBuild{}
-	for _, rec := range recs {
-		if rec.pending == nil {
-			continue
-		}
-		for _, set := range rec.pending.order {
-			in := rec.pending.sets[set]
-			if in.err != nil || len(in.members) == 0 {
-				continue
-			}
-			if p := in.prev; p != nil && p.key == in.key && slices.Equal(p.ids, in.ids) && r.tables[in.id] == p.digest {
-				// Written already, and its inputs are the same.
-				in.table = &tableRecord{key: p.key, ids: p.ids, digest: p.digest}
-				continue
-			}
-			inputs = append(inputs, in)
-			j := byKey[in.key]
-			if j == nil {
-				j = &job{in: in}
-				byKey[in.key] = j
-				jobs = append(jobs, j)
-			}
-			j.users = append(j.users, in)
-		}
-	}
-	if len(jobs) > 0 {
-		start := time.Now()
-		ws := workers()
-		scratch := make([][]uint32, ws)
-		parallel(ws, len(jobs), func(w, i int) {
-			j := jobs[i]
-			perm, err := maglev.BuildInto(scratch[w], j.in.members, j.in.size, r.cfg.MaglevSeed)
-			if err != nil {
-				j.err = err
-				return
-			}
-			if len(perm) == 0 {
-				return // every member has weight 0: no table, as with no members
-			}
-			scratch[w] = perm
-			j.build = newMaglevBuild(perm, len(j.in.members))
-		})
-		for _, j := range jobs {
-			if j.err != nil {
-				for _, in := range j.users {
-					in.err = j.err
-				}
-				continue
-			}
-			for _, in := range j.users {
-				builds[in] = j.build
-			}
-			res.MaglevBuilds++
-		}
-		res.MaglevTime += time.Since(start)
-	}
-	parallel(workers(), len(inputs), func(_, i int) {
-		in := inputs[i]
-		if e := builds[in]; e != nil {
-			t := &tableRecord{key: in.key, ids: in.ids, build: e}
-			t.digest = tableDigest(t)
-			in.table = t
-		}
-	})
-}
-
-// workers is how many goroutines parallel uses at most.
-func workers() int { return runtime.GOMAXPROCS(0) }
-
-// parallel calls f(w, 0) ... f(w, n-1) on up to ws goroutines; w (below
-// ws) tells the goroutines apart. The caller passes ws, read once, because
-// GOMAXPROCS can change between two reads (the runtime follows cgroup
-// CPU limits).
-func parallel(ws, n int, f func(w, i int)) {
-	ws = min(n, ws)
-	if ws <= 1 {
-		for i := 0; i < n; i++ {
-			f(0, i)
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < ws; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				f(w, i)
-			}
-		}()
-	}
-	wg.Wait()
 }

@@ -554,3 +554,78 @@ func TestSharedBackendMergesViews(t *testing.T) {
 		}
 	}
 }
+
+// TestPortsShareBuilds checks that service ports with the same members
+// (the ports of one Service, whose pods serve each on its own target
+// port) share one Maglev build, and that each port's table still names
+// its own backends: the same pods in the same slots, on its target port.
+func TestPortsShareBuilds(t *testing.T) {
+	port := func(name string, svcPort, target uint16, addrs ...string) model.Service {
+		var eps []model.Endpoint
+		for _, a := range addrs {
+			e := ep(a, false, true)
+			e.Port = target
+			eps = append(eps, e)
+		}
+		s := web(eps...)
+		s.PortName, s.Port = name, svcPort
+		s.Frontends = []model.Frontend{{Addr: clusterIP, Port: svcPort, Protocol: model.TCP, Kind: model.ClusterIP}}
+		return s
+	}
+	tests := []struct {
+		name   string
+		ports  []model.Service
+		builds int
+	}{
+		{"one port", []model.Service{port("http", 80, 8080, "10.244.1.1", "10.244.1.2")}, 1},
+		{"two ports, same pods", []model.Service{port("http", 80, 8080, "10.244.1.1", "10.244.1.2"),
+			port("https", 443, 8443, "10.244.1.1", "10.244.1.2")}, 1},
+		{"three ports, same pods", []model.Service{port("http", 80, 8080, "10.244.1.1", "10.244.1.2"),
+			port("https", 443, 8443, "10.244.1.1", "10.244.1.2"), port("admin", 9000, 9000, "10.244.1.1", "10.244.1.2")}, 1},
+		{"two ports, other pods", []model.Service{port("http", 80, 8080, "10.244.1.1", "10.244.1.2"),
+			port("https", 443, 8443, "10.244.1.1", "10.244.1.3")}, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dp := newDatapath(t)
+			r, err := reconcile.New(dp, config(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := apply(t, r, tc.ports...)
+			if res.MaglevBuilds != tc.builds || res.TablesWritten != len(tc.ports) {
+				t.Errorf("%d builds, %d tables written; want %d, %d", res.MaglevBuilds, res.TablesWritten,
+					tc.builds, len(tc.ports))
+			}
+			bes, err := dp.Backends()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var first []netip.Addr
+			for _, p := range tc.ports {
+				fe, ok := frontend(t, dp, clusterIP, p.Port)
+				if !ok {
+					t.Fatalf("no frontend for port %d", p.Port)
+				}
+				slots, err := dp.Table(fe.TableID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				addrs := make([]netip.Addr, len(slots))
+				for i, id := range slots {
+					if b := bes[id]; b.Port != p.Endpoints[0].Port {
+						t.Fatalf("port %d: slot %d names %s, not a backend on target port %d", p.Port, i, b, p.Endpoints[0].Port)
+					}
+					addrs[i] = bes[id].Addr
+				}
+				if tc.builds == 1 {
+					if first == nil {
+						first = addrs
+					} else if !slices.Equal(addrs, first) {
+						t.Errorf("port %d: its table puts the pods in other slots than the first port's", p.Port)
+					}
+				}
+			}
+		})
+	}
+}
