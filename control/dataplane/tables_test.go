@@ -16,7 +16,7 @@ func TestPutTables(t *testing.T) {
 	opts := loader.DefaultOptions()
 	opts.PinRoot = testenv.BPFFS(t)
 	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 1024, 256, 64, 64
+	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 2048, 256, 64, 64
 	dp, err := loader.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func TestPutTables(t *testing.T) {
 	}{
 		{"one", 1, func(uint32) int { return 251 }, 0},
 		{"mixed sizes", 40, func(id uint32) int { return []int{1, 251, 1021, 16381}[id%4] }, 0},
-		{"more than one batch", 600, func(uint32) int { return 509 }, 0},
+		{"more than one batch", 2100, func(uint32) int { return 251 }, 0},
 		{"replace", 600, func(uint32) int { return 1021 }, 3},
 	}
 	for _, tc := range tests {
@@ -73,12 +73,12 @@ func TestPutTables(t *testing.T) {
 		t.Error("table id 0 accepted")
 	}
 	fail := errors.New("no content")
-	_, err = d.PutTables(context.Background(), []dataplane.TableContent{{ID: 1500, Size: 251,
+	_, err = d.PutTables(context.Background(), []dataplane.TableContent{{ID: 4000, Size: 251,
 		Fill: func([]uint32) error { return fail }}})
 	if !errors.Is(err, fail) {
 		t.Errorf("PutTables with a failing Fill = %v, want its error", err)
 	}
-	if _, err := d.Table(1500); err == nil {
+	if _, err := d.Table(4000); err == nil {
 		t.Error("a table whose Fill failed was installed")
 	}
 }
