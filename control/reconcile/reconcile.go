@@ -797,8 +797,8 @@ func (r *Reconciler) release(next map[string]*portRecord) {
 }
 
 // record computes what one service port puts into the maps, allocating a
-// service id and backend ids as needed. The Maglev tables are built
-// afterwards, for all ports at once (buildTables), and finish completes
+// service id and backend ids as needed. The Maglev tables are planned
+// afterwards, for all ports at once (planTables), and finish completes
 // the record.
 func (r *Reconciler) record(svc *model.Service) *portRecord {
 	key := svc.Key()
