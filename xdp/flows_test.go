@@ -316,6 +316,45 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 	}
 }
 
+// A retransmitted SYN follows the flow its first copy started and leaves
+// that flow's reverse half alone, whether it is a SNAT slot or a NAT map
+// entry (a local backend, DNAT only).
+func TestRetransmittedSYNKeepsTheFlow(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		backend uint32
+	}{
+		{"remote backend, SNAT", 1},
+		{"local backend, DNAT only", 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			web := webService()
+			f.program(web)
+			syn := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+			syn.SrcPort = findClientPort(t, web, syn, c.backend)
+			key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, syn.SrcPort),
+				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+			f.run(syn.Bytes(), f.nic0)
+			first, ok, err := f.maps.Flow(key)
+			if err != nil || !ok {
+				t.Fatalf("flow not tracked: %v", err)
+			}
+			f.run(syn.Bytes(), f.nic0)
+			again, _, _ := f.maps.Flow(key)
+			if again.Backend != first.Backend || again.NAT != first.NAT {
+				t.Fatalf("retransmitted SYN moved the flow from %+v to %+v", first, again)
+			}
+			if found, err := f.maps.UpdateReverse(first, func(*xdp.NicNatEntry) {}); err != nil || !found {
+				t.Fatalf("the flow lost its reverse half to the retransmitted SYN (%v)", err)
+			}
+			if n, _ := f.maps.ReverseEntries(); n != 1 {
+				t.Fatalf("%d reverse halves, want the flow's one", n)
+			}
+		})
+	}
+}
+
 // Reverse halves of SNAT flows kept in the NAT map, as a datapath before
 // SNAT slots kept them, still translate replies: pinned maps are adopted
 // across an upgrade and established flows keep working.

@@ -230,7 +230,10 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 		struct ct_entry *ct = bpf_map_lookup_elem(&conntrack, &res->key);
 
 		if (ct && ct_usable(ct, pkt, origin, cfg, now)) {
-			nat_release(&res->key, fresh);
+			/* Give back what was claimed, unless it is the live
+			 * entry's own reverse half, taken over in the claim. */
+			if (!ct_same_reverse(fresh, ct))
+				nat_release(&res->key, fresh);
 			*ctp = ct;
 			return FLOW_TRACKED;
 		}

@@ -124,6 +124,14 @@ static __always_inline int ct_answers_to(const struct ct_entry *ct, const struct
 		(ct->nat_addr == key->daddr && ct->nat_port == key->dport));
 }
 
+/* Do two forward entries of one client tuple have the same reverse half? */
+static __always_inline int ct_same_reverse(const struct ct_entry *a, const struct ct_entry *b)
+{
+	return a->backend_addr == b->backend_addr && a->backend_port == b->backend_port &&
+	       (a->flags & CT_F_SNAT) == (b->flags & CT_F_SNAT) &&
+	       (!(a->flags & CT_F_SNAT) || (a->nat_addr == b->nat_addr && a->nat_port == b->nat_port));
+}
+
 /* ---- SNAT slots -------------------------------------------------------- */
 
 static __always_inline int snat_port_in_range(const struct datapath_config *cfg, __be16 port)
