@@ -9,7 +9,7 @@ BIN := bin/xdplb
 BPF_CLANG ?= clang-16
 BPF_STRIP ?= llvm-strip-16
 ARCH_INCLUDE := /usr/include/$(shell uname -m)-linux-gnu
-BPF_CFLAGS ?= -O2 -g -Wall -Werror -I$(ARCH_INCLUDE)
+BPF_CFLAGS ?= -O2 -g -Wall -Werror -mcpu=v3 -I$(ARCH_INCLUDE)
 export BPF_CLANG BPF_STRIP BPF_CFLAGS
 
 # Debian packages the targets below rely on.

@@ -29,6 +29,8 @@ type Maps struct {
 	SourceRanges  *ebpf.Map
 	Conntrack     *ebpf.Map
 	NAT           *ebpf.Map
+	SNATSlots     *ebpf.Map
+	SNATHands     *ebpf.Map
 	Affinity      *ebpf.Map
 	Stats         *ebpf.Map
 	SvcStats      *ebpf.Map
@@ -49,6 +51,8 @@ func (m *Maps) byName() map[string]**ebpf.Map {
 		"source_ranges":  &m.SourceRanges,
 		"conntrack":      &m.Conntrack,
 		"nat":            &m.NAT,
+		"snat_slots":     &m.SNATSlots,
+		"snat_hands":     &m.SNATHands,
 		"affinity":       &m.Affinity,
 		"stats":          &m.Stats,
 		"svc_stats":      &m.SvcStats,
@@ -138,7 +142,7 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err := sizeMaps(nicSpec, opts); err != nil {
 		return nil, err
 	}
-	if err := adoptPinnedMaps(nicSpec, mapsDir(opts.PinRoot), log); err != nil {
+	if err := adoptPinnedMaps(nicSpec, mapsDir(opts.PinRoot), opts, log); err != nil {
 		return nil, err
 	}
 
@@ -259,6 +263,7 @@ func (d *Datapath) writeConfig() error {
 		SnatPortMin:             d.opts.SNATPortMin,
 		SnatPortMax:             d.opts.SNATPortMax,
 		HairpinAddr:             xdp.AddrToNet(d.opts.HairpinAddr),
+		SnatBuckets:             d.opts.SNATBuckets(),
 		NetnsCookie:             netnsCookie(),
 	}
 	if err := d.Maps.Config.Put(uint32(0), cfg); err != nil {
@@ -276,6 +281,8 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) error {
 		"source_ranges": opts.SourceRangesMax,
 		"conntrack":     opts.ConntrackMax,
 		"nat":           opts.NATMax,
+		"snat_slots":    opts.SNATSlots(),
+		"snat_hands":    opts.SNATBuckets(),
 		"affinity":      opts.AffinityMax,
 		"svc_stats":     opts.ServicesMax,
 		"svc_names":     opts.ServicesMax,

@@ -2,6 +2,7 @@ package loader_test
 
 import (
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,6 +68,67 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	}
 	if err := dp.Maps.Conntrack.Lookup(key, &e); err != nil || e.BackendId != 7 {
 		t.Fatalf("flow not carried into the resized conntrack: %+v %v", e, err)
+	}
+}
+
+// A new SNAT range moves the claimed SNAT slots to where the new layout
+// puts them, so replies of live SNAT flows keep finding their flow.
+func TestResizeMovesSNATSlots(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts := smallOptions(root)
+	opts.SNATPortMin, opts.SNATPortMax = 40000, 40999
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := netip.MustParseAddrPort("10.244.1.10:8080")
+	node := netip.MustParseAddr("10.1.0.1")
+	slot := xdp.NicSnatSlot{Key: xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
+		Daddr: xdp.AddrToNet(node), Dport: xdp.PortToNet(40500), Proto: 6}, Generation: 1}
+	slot.Rev.ClientPort = xdp.PortToNet(5555)
+	at := xdp.SNATSlot(backend, node, 40500, 6, 40000, 40999, opts.SNATBuckets())
+	if err := dp.Maps.SNATSlots.Put(at, slot); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+
+	opts.SNATPortMin, opts.SNATPortMax = 40000, 49999
+	dp, err = loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if want := opts.SNATSlots(); dp.Maps.SNATSlots.MaxEntries() != want {
+		t.Fatalf("SNAT slots sized %d, want %d", dp.Maps.SNATSlots.MaxEntries(), want)
+	}
+	var moved xdp.NicSnatSlot
+	at = xdp.SNATSlot(backend, node, 40500, 6, 40000, 49999, opts.SNATBuckets())
+	if err := dp.Maps.SNATSlots.Lookup(at, &moved); err != nil || moved != slot {
+		t.Fatalf("slot %d after the resize: %+v (%v), want %+v", at, moved, err, slot)
+	}
+}
+
+func TestSNATSlotsHoldTwiceTheNATEntries(t *testing.T) {
+	cases := []struct {
+		natMax, portMin, portMax uint16
+		buckets                  uint32
+	}{
+		{natMax: 1024, portMin: 40000, portMax: 40999, buckets: 3}, // 2048 slots round up to 3 ranges
+		{natMax: 1024, portMin: 40000, portMax: 60999, buckets: 1}, // one range is more than enough
+		{natMax: 1000, portMin: 40000, portMax: 40999, buckets: 2},
+	}
+	for _, c := range cases {
+		o := loader.DefaultOptions()
+		o.NATMax, o.SNATPortMin, o.SNATPortMax = uint32(c.natMax), c.portMin, c.portMax
+		if got := o.SNATBuckets(); got != c.buckets {
+			t.Errorf("NAT max %d, SNAT ports %d-%d: %d buckets, want %d", c.natMax, c.portMin, c.portMax, got, c.buckets)
+		}
+		if got, want := o.SNATSlots(), c.buckets*uint32(c.portMax-c.portMin+1); got != want {
+			t.Errorf("NAT max %d, SNAT ports %d-%d: %d slots, want %d", c.natMax, c.portMin, c.portMax, got, want)
+		}
+		if o.SNATSlots() < 2*o.NATMax {
+			t.Errorf("NAT max %d: only %d SNAT slots", o.NATMax, o.SNATSlots())
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"time"
 )
@@ -17,7 +18,7 @@ type Options struct {
 	PinRoot string
 
 	ConntrackMax    uint32 // tracked flows
-	NATMax          uint32 // reverse NAT entries: one per tracked flow
+	NATMax          uint32 // reverse NAT entries: one per tracked flow (see SNATSlots)
 	AffinityMax     uint32 // ClientIP affinity entries
 	ServicesMax     uint32 // service ports (ids, counters, Maglev tables)
 	FrontendsMax    uint32 // address/port/protocol frontends
@@ -55,6 +56,28 @@ func DefaultOptions() Options {
 		SNATPortMax:           60999,
 		HairpinAddr:           netip.MustParseAddr("169.254.42.1"),
 	}
+}
+
+// SNATBuckets is how many copies of the SNAT port range hold the reverse
+// halves of SNAT flows (backends are hashed to one): enough for twice
+// NATMax flows, so that a port comes back to be offered long after its
+// flow was likely evicted. Flows without SNAT keep their reverse halves in
+// the NAT map, sized NATMax.
+func (o Options) SNATBuckets() uint32 {
+	r := uint64(o.snatRange())
+	return uint32(max(1, (2*uint64(o.NATMax)+r-1)/r))
+}
+
+// SNATSlots is the size of the SNAT slot array.
+func (o Options) SNATSlots() uint32 {
+	return uint32(min(uint64(o.SNATBuckets())*uint64(o.snatRange()), math.MaxUint32))
+}
+
+func (o Options) snatRange() uint32 {
+	if o.SNATPortMax < o.SNATPortMin {
+		return 1
+	}
+	return uint32(o.SNATPortMax) - uint32(o.SNATPortMin) + 1
 }
 
 // Validate reports the first option that cannot work.

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/xdplb/xdplb/xdp"
 )
 
 // ensureBPFFS makes sure root is on a bpffs, mounting one there if not.
@@ -29,19 +32,23 @@ func ensureBPFFS(root string) error {
 	return nil
 }
 
-// migratable maps carry live flow state worth copying when they are resized.
-// The others are rebuilt by the control plane from the desired state.
-var migratable = map[string]bool{
-	"conntrack": true,
-	"nat":       true,
-	"affinity":  true,
+// migrations copy live flow state into a resized map. Maps without one
+// start empty and are refilled by the control plane from the desired state.
+func migrations(opts Options) map[string]func(from, to *ebpf.Map) (copied, skipped int) {
+	return map[string]func(from, to *ebpf.Map) (int, int){
+		"conntrack":  copyEntries,
+		"nat":        copyEntries,
+		"affinity":   copyEntries,
+		"snat_slots": func(from, to *ebpf.Map) (int, int) { return copySNATSlots(from, to, opts) },
+	}
 }
 
 // adoptPinnedMaps checks every pinned map against the spec. A compatible
 // map is left for the collection loader to adopt. An incompatible one (a
 // size flag changed) is replaced: flow state is copied into a new map,
 // other maps start empty and are refilled by the control plane.
-func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) error {
+func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) error {
+	migrate := migrations(opts)
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
@@ -59,7 +66,7 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) er
 			old.Close()
 			continue
 		}
-		err = replacePinnedMap(name, ms, old, path, log, incompatible)
+		err = replacePinnedMap(name, ms, old, path, migrate[name], log, incompatible)
 		old.Close()
 		if err != nil {
 			return err
@@ -69,7 +76,7 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) er
 }
 
 func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
-	log *slog.Logger, why error) error {
+	migrate func(from, to *ebpf.Map) (int, int), log *slog.Logger, why error) error {
 	spec := ms.Copy()
 	spec.Pinning = ebpf.PinNone // pinned below, in place of the old one
 	fresh, err := ebpf.NewMap(spec)
@@ -79,8 +86,8 @@ func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
 	defer fresh.Close()
 
 	copied, skipped := 0, 0
-	if migratable[name] {
-		copied, skipped = copyEntries(old, fresh)
+	if migrate != nil {
+		copied, skipped = migrate(old, fresh)
 	}
 	if err := old.Unpin(); err != nil {
 		return fmt.Errorf("unpin old map %s: %w", name, err)
@@ -100,6 +107,40 @@ func copyEntries(from, to *ebpf.Map) (copied, skipped int) {
 	iter := from.Iterate()
 	for iter.Next(&key, &value) {
 		if err := to.Put(key, value); err != nil {
+			skipped++
+			continue
+		}
+		copied++
+	}
+	return copied, skipped
+}
+
+// copySNATSlots moves the claimed SNAT slots of an array laid out for other
+// options (SNAT range, NAT size) to where opts place them. A flow whose
+// port is outside the new range, or whose new slot is taken, is skipped:
+// its forward half claims a new port on its next packet.
+func copySNATSlots(from, to *ebpf.Map, opts Options) (copied, skipped int) {
+	var index uint32
+	var slot xdp.NicSnatSlot
+	iter := from.Iterate()
+	for iter.Next(&index, &slot) {
+		if slot.Key.Proto == 0 {
+			continue
+		}
+		port := xdp.NetToPort(slot.Key.Dport)
+		if port < opts.SNATPortMin || port > opts.SNATPortMax {
+			skipped++
+			continue
+		}
+		backend := netip.AddrPortFrom(xdp.NetToAddr(slot.Key.Saddr), xdp.NetToPort(slot.Key.Sport))
+		at := xdp.SNATSlot(backend, xdp.NetToAddr(slot.Key.Daddr), port, slot.Key.Proto,
+			opts.SNATPortMin, opts.SNATPortMax, opts.SNATBuckets())
+		var there xdp.NicSnatSlot
+		if err := to.Lookup(at, &there); err != nil || there.Key.Proto != 0 {
+			skipped++
+			continue
+		}
+		if err := to.Put(at, slot); err != nil {
 			skipped++
 			continue
 		}

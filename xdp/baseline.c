@@ -8,6 +8,11 @@
  *   xdp_pass     returns XDP_PASS: the cost of running any XDP program.
  *   xdp_macswap  parses Ethernet/IPv4/TCP, swaps MACs, returns XDP_TX: the
  *                cheapest program that forwards.
+ *   xdp_lru_insert
+ *                xdp_macswap plus one insert of the packet's 5-tuple into
+ *                an LRU hash shaped like conntrack (same key and value
+ *                sizes): run against a full map, it is the floor under the
+ *                cost of any new flow that is tracked in a BPF LRU map.
  *   xdp_restore  copies a template frame over the packet (optionally with
  *                a new source address each run) and tail-calls
  *                bench_progs[0]: benchmarks of translating programs use it
@@ -75,22 +80,86 @@ int xdp_pass(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
-SEC("xdp")
-int xdp_macswap(struct xdp_md *ctx)
+/* The Ethernet, IPv4 and TCP headers of a plain TCP frame, or NULL. */
+static __always_inline struct tcphdr *plain_tcp(struct xdp_md *ctx, struct ethhdr **eth,
+						struct iphdr **ip)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = (void *)(eth + 1);
-	struct tcphdr *tcp = (void *)(ip + 1);
+	struct tcphdr *tcp;
+
+	*eth = data;
+	*ip = (void *)(*eth + 1);
+	tcp = (void *)(*ip + 1);
+	if ((void *)(tcp + 1) > data_end || (*eth)->h_proto != bpf_htons(ETH_P_IP) ||
+	    (*ip)->protocol != IPPROTO_TCP)
+		return NULL;
+	return tcp;
+}
+
+static __always_inline void swap_macs(struct ethhdr *eth)
+{
 	__u8 tmp[ETH_ALEN];
 
-	if ((void *)(tcp + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) ||
-	    ip->protocol != IPPROTO_TCP)
-		return XDP_PASS;
 	__builtin_memcpy(tmp, eth->h_source, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
 	__builtin_memcpy(eth->h_dest, tmp, ETH_ALEN);
+}
+
+SEC("xdp")
+int xdp_macswap(struct xdp_md *ctx)
+{
+	struct ethhdr *eth;
+	struct iphdr *ip;
+
+	if (!plain_tcp(ctx, &eth, &ip))
+		return XDP_PASS;
+	swap_macs(eth);
+	return XDP_TX;
+}
+
+/* Key and value sizes of struct ct_key (16 bytes) and struct ct_entry
+ * (56 bytes). The benchmark sizes the map like conntrack before loading. */
+struct lru_floor_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u32 proto;
+};
+
+struct lru_floor_value {
+	__u64 words[7];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct lru_floor_key);
+	__type(value, struct lru_floor_value);
+} lru_floor SEC(".maps");
+
+SEC("xdp")
+int xdp_lru_insert(struct xdp_md *ctx)
+{
+	struct lru_floor_value value = {};
+	struct lru_floor_key key;
+	struct ethhdr *eth;
+	struct tcphdr *tcp;
+	struct iphdr *ip;
+
+	tcp = plain_tcp(ctx, &eth, &ip);
+	if (!tcp)
+		return XDP_PASS;
+	key.saddr = ip->saddr;
+	key.daddr = ip->daddr;
+	key.sport = tcp->source;
+	key.dport = tcp->dest;
+	key.proto = ip->protocol;
+	value.words[0] = bpf_ktime_get_coarse_ns();
+	if (bpf_map_update_elem(&lru_floor, &key, &value, BPF_ANY))
+		return XDP_ABORTED;
+	swap_macs(eth);
 	return XDP_TX;
 }
 

@@ -60,6 +60,20 @@ type BaselineGenTuple struct {
 	Dport uint16
 }
 
+type BaselineLruFloorKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint32
+}
+
+type BaselineLruFloorValue struct {
+	_     structs.HostLayout
+	Words [7]uint64
+}
+
 type BaselineSinkCounter struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -77,9 +91,11 @@ const (
 	BaselineMapGenCfg        = "gen_cfg"
 	BaselineMapGenCounters   = "gen_counters"
 	BaselineMapGenTuples     = "gen_tuples"
+	BaselineMapLruFloor      = "lru_floor"
 	BaselineMapSinkStats     = "sink_stats"
 	BaselineProgXdpFwd       = "xdp_fwd"
 	BaselineProgXdpGen       = "xdp_gen"
+	BaselineProgXdpLruInsert = "xdp_lru_insert"
 	BaselineProgXdpMacswap   = "xdp_macswap"
 	BaselineProgXdpPass      = "xdp_pass"
 	BaselineProgXdpRestore   = "xdp_restore"
@@ -128,12 +144,13 @@ type BaselineSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaselineProgramSpecs struct {
-	XdpFwd     *ebpf.ProgramSpec `ebpf:"xdp_fwd"`
-	XdpGen     *ebpf.ProgramSpec `ebpf:"xdp_gen"`
-	XdpMacswap *ebpf.ProgramSpec `ebpf:"xdp_macswap"`
-	XdpPass    *ebpf.ProgramSpec `ebpf:"xdp_pass"`
-	XdpRestore *ebpf.ProgramSpec `ebpf:"xdp_restore"`
-	XdpSink    *ebpf.ProgramSpec `ebpf:"xdp_sink"`
+	XdpFwd       *ebpf.ProgramSpec `ebpf:"xdp_fwd"`
+	XdpGen       *ebpf.ProgramSpec `ebpf:"xdp_gen"`
+	XdpLruInsert *ebpf.ProgramSpec `ebpf:"xdp_lru_insert"`
+	XdpMacswap   *ebpf.ProgramSpec `ebpf:"xdp_macswap"`
+	XdpPass      *ebpf.ProgramSpec `ebpf:"xdp_pass"`
+	XdpRestore   *ebpf.ProgramSpec `ebpf:"xdp_restore"`
+	XdpSink      *ebpf.ProgramSpec `ebpf:"xdp_sink"`
 }
 
 // BaselineMapSpecs contains maps before they are loaded into the kernel.
@@ -147,6 +164,7 @@ type BaselineMapSpecs struct {
 	GenCfg        *ebpf.MapSpec `ebpf:"gen_cfg"`
 	GenCounters   *ebpf.MapSpec `ebpf:"gen_counters"`
 	GenTuples     *ebpf.MapSpec `ebpf:"gen_tuples"`
+	LruFloor      *ebpf.MapSpec `ebpf:"lru_floor"`
 	SinkStats     *ebpf.MapSpec `ebpf:"sink_stats"`
 }
 
@@ -183,6 +201,7 @@ type BaselineMaps struct {
 	GenCfg        *ebpf.Map `ebpf:"gen_cfg"`
 	GenCounters   *ebpf.Map `ebpf:"gen_counters"`
 	GenTuples     *ebpf.Map `ebpf:"gen_tuples"`
+	LruFloor      *ebpf.Map `ebpf:"lru_floor"`
 	SinkStats     *ebpf.Map `ebpf:"sink_stats"`
 }
 
@@ -195,6 +214,7 @@ func (m *BaselineMaps) Close() error {
 		m.GenCfg,
 		m.GenCounters,
 		m.GenTuples,
+		m.LruFloor,
 		m.SinkStats,
 	)
 }
@@ -209,18 +229,20 @@ type BaselineVariables struct {
 //
 // It can be passed to LoadBaselineObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BaselinePrograms struct {
-	XdpFwd     *ebpf.Program `ebpf:"xdp_fwd"`
-	XdpGen     *ebpf.Program `ebpf:"xdp_gen"`
-	XdpMacswap *ebpf.Program `ebpf:"xdp_macswap"`
-	XdpPass    *ebpf.Program `ebpf:"xdp_pass"`
-	XdpRestore *ebpf.Program `ebpf:"xdp_restore"`
-	XdpSink    *ebpf.Program `ebpf:"xdp_sink"`
+	XdpFwd       *ebpf.Program `ebpf:"xdp_fwd"`
+	XdpGen       *ebpf.Program `ebpf:"xdp_gen"`
+	XdpLruInsert *ebpf.Program `ebpf:"xdp_lru_insert"`
+	XdpMacswap   *ebpf.Program `ebpf:"xdp_macswap"`
+	XdpPass      *ebpf.Program `ebpf:"xdp_pass"`
+	XdpRestore   *ebpf.Program `ebpf:"xdp_restore"`
+	XdpSink      *ebpf.Program `ebpf:"xdp_sink"`
 }
 
 func (p *BaselinePrograms) Close() error {
 	return _BaselineClose(
 		p.XdpFwd,
 		p.XdpGen,
+		p.XdpLruInsert,
 		p.XdpMacswap,
 		p.XdpPass,
 		p.XdpRestore,

@@ -60,12 +60,21 @@ type fixture struct {
 	names            []string
 }
 
-func newFixture(t *testing.T) *fixture {
-	t.Helper()
-	return newFixtureSized(t, 4096, 256)
+// fixtureOption changes the loader options of a fixture.
+type fixtureOption func(*loader.Options)
+
+// withSNATRange loads the datapath with SNAT ports min-max. The range is a
+// load-time option: the SNAT slot array is sized for it.
+func withSNATRange(min, max uint16) fixtureOption {
+	return func(o *loader.Options) { o.SNATPortMin, o.SNATPortMax = min, max }
 }
 
-func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32) *fixture {
+func newFixture(t *testing.T, opts ...fixtureOption) *fixture {
+	t.Helper()
+	return newFixtureSized(t, 4096, 256, opts...)
+}
+
+func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32, fopts ...fixtureOption) *fixture {
 	t.Helper()
 	testenv.RequirePrivileged(t)
 	ns := testenv.NewNetns(t, "dp")
@@ -96,6 +105,9 @@ func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32) *fixture {
 	opts.SourceRangesMax = 64
 	opts.SNATPortMin = snatMin
 	opts.SNATPortMax = snatMax
+	for _, o := range fopts {
+		o(&opts)
+	}
 	dp, err := loader.Load(opts, nil)
 	if err != nil {
 		t.Fatalf("load datapath: %v", err)
@@ -157,18 +169,6 @@ func (f *fixture) setTimeouts(tcpEst, tcpTransient, udp time.Duration) {
 	cfg.TcpEstablishedTimeoutNs = uint64(tcpEst)
 	cfg.TcpTransientTimeoutNs = uint64(tcpTransient)
 	cfg.UdpTimeoutNs = uint64(udp)
-	if err := f.dp.Maps.Config.Put(uint32(0), cfg); err != nil {
-		f.t.Fatal(err)
-	}
-}
-
-func (f *fixture) setSNATRange(min, max uint16) {
-	f.t.Helper()
-	var cfg xdp.NicDatapathConfig
-	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
-		f.t.Fatal(err)
-	}
-	cfg.SnatPortMin, cfg.SnatPortMax = min, max
 	if err := f.dp.Maps.Config.Put(uint32(0), cfg); err != nil {
 		f.t.Fatal(err)
 	}

@@ -224,16 +224,8 @@ func TestICMPFragNeededIsTranslatedToClient(t *testing.T) {
 }
 
 func TestSNATPortExhaustionIsCountedDrop(t *testing.T) {
-	f := newFixture(t)
-	one := service{
-		svcID: 4, tableID: 4,
-		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.TCP}},
-		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
-		backends:  map[uint32]dataplane.Backend{21: backendRemote1},
-		table:     []uint32{21},
-	}
-	f.program(one)
-	f.setSNATRange(snatMin, snatMin+1) // two ports to the only backend
+	f := newFixture(t, withSNATRange(snatMin, snatMin+1)) // two ports to the only backend
+	f.program(oneRemoteBackend())
 	ports := map[uint16]bool{}
 	for p := uint16(1); p <= 2; p++ {
 		// Probe order depends on the tuple; try clients until both ports are used.
@@ -252,21 +244,154 @@ func TestSNATPortExhaustionIsCountedDrop(t *testing.T) {
 	})
 }
 
-// A backend's SNAT range three quarters full still takes every new flow:
-// ports are probed at random (SNAT_PORT_ATTEMPTS), so a free one is found
-// long before the range is exhausted.
-func TestSNATPortsFillUp(t *testing.T) {
-	f := newFixture(t)
-	one := service{
-		svcID: 4, tableID: 4,
-		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.TCP}},
-		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
-		backends:  map[uint32]dataplane.Backend{21: backendRemote1},
-		table:     []uint32{21},
+// A SNAT port belongs to its flow for as long as the flow's conntrack entry
+// lives, and to nobody once that entry is evicted or expired: the reverse
+// half lives and dies with the forward one.
+func TestSNATPortFollowsItsFlow(t *testing.T) {
+	f := newFixture(t, withSNATRange(snatMin, snatMin+1)) // two ports to the only backend
+	f.program(oneRemoteBackend())
+	syn := func(clientPort uint16) packet.Frame {
+		return tcpFrame(clientAddr, clientPort, nodeAddr, 30100, packet.SYN, "")
 	}
-	f.program(one)
+	key := func(clientPort uint16) dataplane.FlowKey {
+		return dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
+			Frontend: netip.AddrPortFrom(nodeAddr, 30100), Proto: packet.TCP}
+	}
+	portOf := map[uint16]uint16{} // client port -> SNAT port
+	for _, c := range []uint16{6001, 6002} {
+		r := f.run(syn(c).Bytes(), f.nic0)
+		f.expectVerdict(r, xdpRedirect)
+		portOf[c] = decode(t, r.out).SrcPort
+	}
+	if portOf[6001] == portOf[6002] {
+		t.Fatalf("two live flows share SNAT port %d", portOf[6001])
+	}
+	if n, _ := f.maps.ReverseEntries(); n != 2 {
+		t.Fatalf("%d reverse halves, want 2", n)
+	}
+
+	// Both ports are held by live flows: a third flow gets none.
+	f.expectCounters(map[string]uint64{"drop_nat_exhausted": 1}, func() {
+		f.expectVerdict(f.run(syn(6003).Bytes(), f.nic0), xdpDrop)
+	})
+
+	// The first flow's conntrack entry is evicted: its port is free for
+	// the next flow, whose replies then reach it.
+	first, _, _ := f.maps.Flow(key(6001))
+	if err := f.dp.Maps.Conntrack.Delete(xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
+		Sport: xdp.PortToNet(6001), Dport: xdp.PortToNet(30100), Proto: packet.TCP}); err != nil {
+		t.Fatal(err)
+	}
+	r := f.run(syn(6003).Bytes(), f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+	if got := decode(t, r.out).SrcPort; got != portOf[6001] {
+		t.Fatalf("new flow got SNAT port %d, want %d, the evicted flow's", got, portOf[6001])
+	}
+	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort,
+		DstPort: portOf[6001], Flags: packet.SYN | packet.ACK}
+	back := decode(t, f.run(reply.Bytes(), f.nic1).out)
+	if back.Dst != clientAddr || back.DstPort != 6003 {
+		t.Fatalf("reply to the reused port went to %s:%d, want %s:6003", back.Dst, back.DstPort, clientAddr)
+	}
+	if found, _ := f.maps.UpdateReverse(first, func(*xdp.NicNatEntry) {}); found {
+		t.Fatalf("the evicted flow still has a reverse half")
+	}
+
+	// The second flow expires (idle past the opening timeout): its port
+	// goes to the next flow too.
+	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
+		Sport: xdp.PortToNet(6002), Dport: xdp.PortToNet(30100), Proto: packet.TCP}
+	var e xdp.NicCtEntry
+	if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
+		t.Fatal(err)
+	}
+	e.LastSeenNs -= uint64(2 * time.Hour)
+	if err := f.dp.Maps.Conntrack.Put(raw, e); err != nil {
+		t.Fatal(err)
+	}
+	r = f.run(syn(6004).Bytes(), f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+	if got := decode(t, r.out).SrcPort; got != portOf[6002] {
+		t.Fatalf("new flow got SNAT port %d, want %d, the expired flow's", got, portOf[6002])
+	}
+}
+
+// A retransmitted SYN follows the flow its first copy started and leaves
+// that flow's reverse half alone, whether it is a SNAT slot or a NAT map
+// entry (a local backend, DNAT only).
+func TestRetransmittedSYNKeepsTheFlow(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		backend uint32
+	}{
+		{"remote backend, SNAT", 1},
+		{"local backend, DNAT only", 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			web := webService()
+			f.program(web)
+			syn := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+			syn.SrcPort = findClientPort(t, web, syn, c.backend)
+			key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, syn.SrcPort),
+				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+			f.run(syn.Bytes(), f.nic0)
+			first, ok, err := f.maps.Flow(key)
+			if err != nil || !ok {
+				t.Fatalf("flow not tracked: %v", err)
+			}
+			f.run(syn.Bytes(), f.nic0)
+			again, _, _ := f.maps.Flow(key)
+			if again.Backend != first.Backend || again.NAT != first.NAT {
+				t.Fatalf("retransmitted SYN moved the flow from %+v to %+v", first, again)
+			}
+			if found, err := f.maps.UpdateReverse(first, func(*xdp.NicNatEntry) {}); err != nil || !found {
+				t.Fatalf("the flow lost its reverse half to the retransmitted SYN (%v)", err)
+			}
+			if n, _ := f.maps.ReverseEntries(); n != 1 {
+				t.Fatalf("%d reverse halves, want the flow's one", n)
+			}
+		})
+	}
+}
+
+// Reverse halves of SNAT flows kept in the NAT map, as a datapath before
+// SNAT slots kept them, still translate replies: pinned maps are adopted
+// across an upgrade and established flows keep working.
+func TestSNATReverseHalfInNATMapStillServes(t *testing.T) {
+	f := newFixture(t)
+	in, sent, flow := startSNATFlow(t, f)
+
+	// Move the reverse half from its slot into the NAT map.
+	var rev xdp.NicNatEntry
+	if _, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { rev = *e }); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.maps.DeleteReverse(flow); err != nil {
+		t.Fatal(err)
+	}
+	rk := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Daddr: xdp.AddrToNet(nic1Addr),
+		Sport: xdp.PortToNet(podPort), Dport: xdp.PortToNet(sent.SrcPort), Proto: packet.TCP}
+	if err := f.dp.Maps.NAT.Put(rk, rev); err != nil {
+		t.Fatal(err)
+	}
+
+	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
+	f.expectCounters(map[string]uint64{"reverse_nat": 1, "redirect": 1}, func() {
+		back := decode(t, f.run(reply.Bytes(), f.nic1).out)
+		if back.Dst != clientAddr || back.DstPort != in.SrcPort || back.Src != nodeAddr || back.SrcPort != nodePort {
+			t.Fatalf("reply translated to %s:%d -> %s:%d", back.Src, back.SrcPort, back.Dst, back.DstPort)
+		}
+	})
+}
+
+// A backend's SNAT range three quarters full still takes every new flow,
+// each on a port no live flow holds: the bucket offers the port held
+// longest first, so a free one is found long before the range runs out.
+func TestSNATPortsFillUp(t *testing.T) {
 	const rangeSize, flows = 64, 48
-	f.setSNATRange(snatMin, snatMin+rangeSize-1)
+	f := newFixture(t, withSNATRange(snatMin, snatMin+rangeSize-1))
+	f.program(oneRemoteBackend())
 	ports := map[uint16]bool{}
 	for c := uint16(0); c < flows; c++ {
 		r := f.run(tcpFrame(clientAddr, 7000+c, nodeAddr, 30100, packet.SYN, "").Bytes(), f.nic0)
@@ -283,19 +408,18 @@ func TestSNATPortsFillUp(t *testing.T) {
 
 func TestFlowHalvesRepairEachOther(t *testing.T) {
 	f := newFixture(t)
-	web := webService()
-	f.program(web)
-	in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
-	in.SrcPort = findClientPort(t, web, in, 1)
-	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
-	key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort), Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
-	flow, _, _ := f.maps.Flow(key)
+	in, sent, flow := startSNATFlow(t, f)
+	key := flow.Key()
 
 	// Lose the reverse half: the next forward packet restores it.
-	rk := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Daddr: xdp.AddrToNet(nic1Addr),
-		Sport: xdp.PortToNet(podPort), Dport: xdp.PortToNet(sent.SrcPort), Proto: packet.TCP}
-	if err := f.dp.Maps.NAT.Delete(rk); err != nil {
+	if n, _ := f.maps.ReverseEntries(); n != 1 {
+		t.Fatalf("%d reverse entries, want 1", n)
+	}
+	if err := f.maps.DeleteReverse(flow); err != nil {
 		t.Fatal(err)
+	}
+	if n, _ := f.maps.ReverseEntries(); n != 0 {
+		t.Fatalf("%d reverse entries after deleting the only one", n)
 	}
 	// Checks happen once a second per flow: make this one due.
 	f.ageFlow(key)
@@ -313,7 +437,7 @@ func TestFlowHalvesRepairEachOther(t *testing.T) {
 		Sport: xdp.PortToNet(in.SrcPort), Dport: xdp.PortToNet(nodePort), Proto: packet.TCP}); err != nil {
 		t.Fatal(err)
 	}
-	f.ageReverse(rk)
+	f.ageReverse(flow)
 	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
 	f.expectCounters(map[string]uint64{"ct_repaired": 1, "reverse_nat": 1, "redirect": 1}, func() {
 		f.run(reply.Bytes(), f.nic1)
@@ -326,13 +450,9 @@ func TestFlowHalvesRepairEachOther(t *testing.T) {
 
 func TestStaleReplyIsDropped(t *testing.T) {
 	f := newFixture(t)
-	web := webService()
-	f.program(web)
-	in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
-	in.SrcPort = findClientPort(t, web, in, 1)
-	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
+	in, sent, flow := startSNATFlow(t, f)
 	// The client tuple now belongs to a flow to another backend.
-	key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort), Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+	key := flow.Key()
 	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
 		Sport: xdp.PortToNet(in.SrcPort), Dport: xdp.PortToNet(nodePort), Proto: packet.TCP}
 	var e xdp.NicCtEntry
@@ -340,8 +460,7 @@ func TestStaleReplyIsDropped(t *testing.T) {
 	e.BackendId, e.BackendAddr = 2, xdp.AddrToNet(remotePod2)
 	f.dp.Maps.Conntrack.Put(raw, e)
 	f.ageFlow(key)
-	f.ageReverse(xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Daddr: xdp.AddrToNet(nic1Addr),
-		Sport: xdp.PortToNet(podPort), Dport: xdp.PortToNet(sent.SrcPort), Proto: packet.TCP})
+	f.ageReverse(flow)
 	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
 	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
 		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
@@ -464,15 +583,41 @@ func (f *fixture) ageFlow(k dataplane.FlowKey) {
 	}
 }
 
-// ageReverse does the same for a reverse entry.
-func (f *fixture) ageReverse(k xdp.NicNatKey) {
-	f.t.Helper()
-	var e xdp.NicNatEntry
-	if err := f.dp.Maps.NAT.Lookup(k, &e); err != nil {
-		f.t.Fatalf("age reverse entry: %v", err)
+// oneRemoteBackend is a NodePort (30100) whose only backend is remote:
+// every flow is SNATed to it.
+func oneRemoteBackend() service {
+	return service{
+		svcID: 4, tableID: 4,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{21: backendRemote1},
+		table:     []uint32{21},
 	}
-	e.LastSeenNs -= uint64(2 * time.Second)
-	if err := f.dp.Maps.NAT.Put(k, e); err != nil {
-		f.t.Fatal(err)
+}
+
+// startSNATFlow programs the web service and starts a flow from the client
+// to its NodePort that Maglev sends to the remote backend 1: the client's
+// SYN, the SNATed frame that left, and the tracked flow.
+func startSNATFlow(t *testing.T, f *fixture) (in, sent packet.Frame, flow dataplane.Flow) {
+	t.Helper()
+	web := webService()
+	f.program(web)
+	in = tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+	in.SrcPort = findClientPort(t, web, in, 1)
+	sent = decode(t, f.run(in.Bytes(), f.nic0).out)
+	key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort), Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+	flow, ok, err := f.maps.Flow(key)
+	if err != nil || !ok {
+		t.Fatalf("flow %+v not tracked: %v", key, err)
+	}
+	return in, sent, flow
+}
+
+// ageReverse does the same for a flow's reverse half.
+func (f *fixture) ageReverse(flow dataplane.Flow) {
+	f.t.Helper()
+	found, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { e.LastSeenNs -= uint64(2 * time.Second) })
+	if err != nil || !found {
+		f.t.Fatalf("age reverse half of %+v: found %v, %v", flow, found, err)
 	}
 }

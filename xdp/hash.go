@@ -45,3 +45,15 @@ func FlowHash(src, dst netip.AddrPort, proto uint8, seed uint32) uint32 {
 func ClientHash(client netip.Addr, seed uint32) uint32 {
 	return hash3Words(addrWord(client), 0, 0, seed)
 }
+
+// SNATSlot is the index in the snat_slots map of the reverse half of a
+// SNAT flow (snat_slot_of in include/nat.h): the reply tuple from backend
+// to natAddr:port, with buckets copies of the SNAT range [portMin, portMax].
+func SNATSlot(backend netip.AddrPort, natAddr netip.Addr, port uint16, proto uint8,
+	portMin, portMax uint16, buckets uint32) uint32 {
+	bucket := uint32(0)
+	if buckets > 1 {
+		bucket = FlowHash(backend, netip.AddrPortFrom(natAddr, 0), proto, 0) % buckets
+	}
+	return bucket*(uint32(portMax)-uint32(portMin)+1) + uint32(port-portMin)
+}

@@ -117,7 +117,7 @@ type NicDatapathConfig struct {
 	SnatPortMin             uint16
 	SnatPortMax             uint16
 	HairpinAddr             uint32
-	Pad                     uint32
+	SnatBuckets             uint32
 	NetnsCookie             uint64
 }
 
@@ -204,6 +204,14 @@ type NicNatKey struct {
 	Dport uint16
 	Proto uint8
 	Pad   [3]uint8
+}
+
+type NicSnatSlot struct {
+	_          structs.HostLayout
+	Rev        NicNatEntry
+	Key        NicNatKey
+	Generation uint32
+	Pad        uint32
 }
 
 type NicSockFrontend struct {
@@ -301,6 +309,8 @@ const (
 	NicMapIfaces           = "ifaces"
 	NicMapMaglevTables     = "maglev_tables"
 	NicMapNat              = "nat"
+	NicMapSnatHands        = "snat_hands"
+	NicMapSnatSlots        = "snat_slots"
 	NicMapSockFrontends    = "sock_frontends"
 	NicMapSourceRanges     = "source_ranges"
 	NicMapStats            = "stats"
@@ -372,6 +382,8 @@ type NicMapSpecs struct {
 	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat           *ebpf.MapSpec `ebpf:"nat"`
+	SnatHands     *ebpf.MapSpec `ebpf:"snat_hands"`
+	SnatSlots     *ebpf.MapSpec `ebpf:"snat_slots"`
 	SockFrontends *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
@@ -419,6 +431,8 @@ type NicMaps struct {
 	Ifaces        *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
 	Nat           *ebpf.Map `ebpf:"nat"`
+	SnatHands     *ebpf.Map `ebpf:"snat_hands"`
+	SnatSlots     *ebpf.Map `ebpf:"snat_slots"`
 	SockFrontends *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
 	Stats         *ebpf.Map `ebpf:"stats"`
@@ -441,6 +455,8 @@ func (m *NicMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.SnatHands,
+		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,
 		m.Stats,

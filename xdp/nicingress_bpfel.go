@@ -28,6 +28,8 @@ const (
 	NicIngressMapIfaces           = "ifaces"
 	NicIngressMapMaglevTables     = "maglev_tables"
 	NicIngressMapNat              = "nat"
+	NicIngressMapSnatHands        = "snat_hands"
+	NicIngressMapSnatSlots        = "snat_slots"
 	NicIngressMapSockFrontends    = "sock_frontends"
 	NicIngressMapSourceRanges     = "source_ranges"
 	NicIngressMapStats            = "stats"
@@ -99,6 +101,8 @@ type NicIngressMapSpecs struct {
 	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat           *ebpf.MapSpec `ebpf:"nat"`
+	SnatHands     *ebpf.MapSpec `ebpf:"snat_hands"`
+	SnatSlots     *ebpf.MapSpec `ebpf:"snat_slots"`
 	SockFrontends *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
@@ -146,6 +150,8 @@ type NicIngressMaps struct {
 	Ifaces        *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
 	Nat           *ebpf.Map `ebpf:"nat"`
+	SnatHands     *ebpf.Map `ebpf:"snat_hands"`
+	SnatSlots     *ebpf.Map `ebpf:"snat_slots"`
 	SockFrontends *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
 	Stats         *ebpf.Map `ebpf:"stats"`
@@ -168,6 +174,8 @@ func (m *NicIngressMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.SnatHands,
+		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,
 		m.Stats,

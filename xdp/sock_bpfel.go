@@ -27,6 +27,8 @@ const (
 	SockMapIfaces             = "ifaces"
 	SockMapMaglevTables       = "maglev_tables"
 	SockMapNat                = "nat"
+	SockMapSnatHands          = "snat_hands"
+	SockMapSnatSlots          = "snat_slots"
 	SockMapSockFrontends      = "sock_frontends"
 	SockMapSourceRanges       = "source_ranges"
 	SockMapStats              = "stats"
@@ -103,6 +105,8 @@ type SockMapSpecs struct {
 	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat           *ebpf.MapSpec `ebpf:"nat"`
+	SnatHands     *ebpf.MapSpec `ebpf:"snat_hands"`
+	SnatSlots     *ebpf.MapSpec `ebpf:"snat_slots"`
 	SockFrontends *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
@@ -149,6 +153,8 @@ type SockMaps struct {
 	Ifaces        *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
 	Nat           *ebpf.Map `ebpf:"nat"`
+	SnatHands     *ebpf.Map `ebpf:"snat_hands"`
+	SnatSlots     *ebpf.Map `ebpf:"snat_slots"`
 	SockFrontends *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
 	Stats         *ebpf.Map `ebpf:"stats"`
@@ -170,6 +176,8 @@ func (m *SockMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.SnatHands,
+		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,
 		m.Stats,

@@ -143,13 +143,6 @@ static __always_inline int serve_icmp(struct xdp_md *ctx, struct packet *pkt)
 	return xdp_forward(ctx, pkt, &fib, fib_rc, NULL);
 }
 
-static __always_inline int in_snat_range(const struct datapath_config *cfg, __be16 port)
-{
-	__u16 p = bpf_ntohs(port);
-
-	return p >= cfg->snat_port_min && p <= cfg->snat_port_max;
-}
-
 SEC("xdp")
 int xdplb_nic(struct xdp_md *ctx)
 {
@@ -181,7 +174,7 @@ int xdplb_nic(struct xdp_md *ctx)
 		return pass(STAT_PASS_NOT_SERVICE, pkt.len);
 	if (port_has_frontend(pkt.dport))
 		return serve_frontend_port(ctx, &pkt, cfg);
-	if (in_snat_range(cfg, pkt.dport)) {
+	if (snat_port_in_range(cfg, pkt.dport)) {
 		struct nat_key key = {
 			.saddr = pkt.saddr,
 			.daddr = pkt.daddr,
@@ -189,7 +182,7 @@ int xdplb_nic(struct xdp_md *ctx)
 			.dport = pkt.dport,
 			.proto = pkt.proto,
 		};
-		struct nat_entry *rev = bpf_map_lookup_elem(&nat, &key);
+		struct nat_entry *rev = reverse_lookup(&key);
 
 		if (rev)
 			return serve_reply(ctx, &pkt, &key, rev);

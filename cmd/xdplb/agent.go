@@ -51,7 +51,7 @@ func agentFlags() []cli.Flag {
 		&cli.UintFlag{Name: "conntrack-max", Value: uint(d.ConntrackMax), EnvVars: env("conntrack-max"),
 			Usage: "tracked flows"},
 		&cli.UintFlag{Name: "nat-max", Value: uint(d.NATMax), EnvVars: env("nat-max"), DefaultText: "--conntrack-max",
-			Usage: "reverse NAT entries (one per tracked flow)"},
+			Usage: "reverse NAT halves, one per tracked flow (SNAT flows use a port slot array of twice this size)"},
 		&cli.UintFlag{Name: "services-max", Value: uint(d.ServicesMax), EnvVars: env("services-max"),
 			Usage: "service ports (each has an id, counters and up to two Maglev tables)"},
 		&cli.UintFlag{Name: "backends-max", Value: uint(d.BackendsMax), EnvVars: env("backends-max"),

@@ -100,6 +100,17 @@ func (d *Dataplane) DeleteFlow(f Flow) error {
 	if err := d.m.Conntrack.Delete(f.Key().raw()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, err)
 	}
+	if err := d.DeleteReverse(f); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
+	}
+	return nil
+}
+
+// reverseKey is the reply tuple of a flow, as its backend sends it.
+func reverseKey(f Flow) xdp.NicNatKey {
 	rk := xdp.NicNatKey{
 		Saddr: xdp.AddrToNet(f.Backend.Addr()), Sport: xdp.PortToNet(f.Backend.Port()),
 		Daddr: xdp.AddrToNet(f.Client.Addr()), Dport: xdp.PortToNet(f.Client.Port()),
@@ -109,25 +120,203 @@ func (d *Dataplane) DeleteFlow(f Flow) error {
 		rk.Daddr = xdp.AddrToNet(f.NAT.Addr())
 		rk.Dport = xdp.PortToNet(f.NAT.Port())
 	}
-	if err := d.m.NAT.Delete(rk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		errs = append(errs, err)
+	return rk
+}
+
+// snatSlot is the index of a SNAT flow's slot (see struct snat_slot), and
+// false when the flow has no SNAT port in the configured range.
+func (d *Dataplane) snatSlot(f Flow) (uint32, bool, error) {
+	if !f.NAT.IsValid() {
+		return 0, false, nil
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
+	var cfg xdp.NicDatapathConfig
+	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
+		return 0, false, fmt.Errorf("read datapath config: %w", err)
+	}
+	port := f.NAT.Port()
+	if port < cfg.SnatPortMin || port > cfg.SnatPortMax {
+		return 0, false, nil
+	}
+	return xdp.SNATSlot(f.Backend, f.NAT.Addr(), port, f.Proto, cfg.SnatPortMin, cfg.SnatPortMax,
+		cfg.SnatBuckets), true, nil
+}
+
+// reverseSlot reads the SNAT slot that is f's reverse half; ok is false
+// when the slot answers to another flow or to none.
+func (d *Dataplane) reverseSlot(f Flow) (index uint32, slot xdp.NicSnatSlot, ok bool, err error) {
+	index, isSNAT, err := d.snatSlot(f)
+	if err != nil || !isSNAT {
+		return 0, slot, false, err
+	}
+	if err := d.m.SNATSlots.Lookup(index, &slot); err != nil {
+		return 0, slot, false, fmt.Errorf("read SNAT slot %d: %w", index, err)
+	}
+	rk := reverseKey(f)
+	ok = slot.Key.Proto != 0 && slot.Key == rk &&
+		slot.Rev.ClientAddr == xdp.AddrToNet(f.Client.Addr()) && slot.Rev.ClientPort == xdp.PortToNet(f.Client.Port()) &&
+		slot.Rev.FrontendAddr == xdp.AddrToNet(f.Frontend.Addr()) && slot.Rev.FrontendPort == xdp.PortToNet(f.Frontend.Port())
+	return index, slot, ok, nil
+}
+
+// DeleteReverse forgets the reverse half of a flow: its SNAT slot, or its
+// entry in the NAT map for a flow without SNAT.
+func (d *Dataplane) DeleteReverse(f Flow) error {
+	index, slot, ok, err := d.reverseSlot(f)
+	if err != nil {
+		return err
+	}
+	if ok {
+		slot.Key.Proto = 0
+		slot.Generation++
+		if err := d.m.SNATSlots.Put(index, slot); err != nil {
+			return fmt.Errorf("free SNAT slot %d: %w", index, err)
+		}
+		return nil
+	}
+	if err := d.m.NAT.Delete(reverseKey(f)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete reverse NAT entry: %w", err)
 	}
 	return nil
 }
 
-// ReverseEntries counts the reverse NAT entries.
-func (d *Dataplane) ReverseEntries() (int, error) {
-	n := 0
+// UpdateReverse lets fn change the reverse half of a flow in place (tests
+// use it to age an entry). It reports whether the flow had one.
+func (d *Dataplane) UpdateReverse(f Flow, fn func(*xdp.NicNatEntry)) (bool, error) {
+	index, slot, ok, err := d.reverseSlot(f)
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		fn(&slot.Rev)
+		if err := d.m.SNATSlots.Put(index, slot); err != nil {
+			return false, fmt.Errorf("write SNAT slot %d: %w", index, err)
+		}
+		return true, nil
+	}
+	rk := reverseKey(f)
+	var e xdp.NicNatEntry
+	if err := d.m.NAT.Lookup(rk, &e); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("read reverse NAT entry: %w", err)
+	}
+	fn(&e)
+	if err := d.m.NAT.Put(rk, e); err != nil {
+		return false, fmt.Errorf("write reverse NAT entry: %w", err)
+	}
+	return true, nil
+}
+
+// ReverseHalves calls fn with the reply tuple and entry of every reverse
+// half (NAT map entries, then claimed SNAT slots; a slot whose flow ended
+// counts until a new flow takes it) until fn returns false.
+func (d *Dataplane) ReverseHalves(fn func(xdp.NicNatKey, xdp.NicNatEntry) bool) error {
 	var k xdp.NicNatKey
 	var v xdp.NicNatEntry
 	it := d.m.NAT.Iterate()
 	for it.Next(&k, &v) {
-		n++
+		if !fn(k, v) {
+			return nil
+		}
 	}
-	return n, it.Err()
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read NAT map: %w", err)
+	}
+	return eachClaimedSlot(d.m.SNATSlots, func(s xdp.NicSnatSlot) bool { return fn(s.Key, s.Rev) })
+}
+
+// ReverseEntries counts the reverse halves (see ReverseHalves).
+func (d *Dataplane) ReverseEntries() (int, error) {
+	n := 0
+	err := d.ReverseHalves(func(xdp.NicNatKey, xdp.NicNatEntry) bool { n++; return true })
+	return n, err
+}
+
+// ResetFlows forgets every tracked flow: conntrack, both kinds of reverse
+// halves, SNAT port hands and ClientIP affinity. Flows in progress start
+// over as new ones.
+func (d *Dataplane) ResetFlows() error {
+	steps := []struct {
+		what  string
+		clear func() error
+	}{
+		{"conntrack", func() error { return clearHash[xdp.NicCtKey, xdp.NicCtEntry](d.m.Conntrack) }},
+		{"NAT map", func() error { return clearHash[xdp.NicNatKey, xdp.NicNatEntry](d.m.NAT) }},
+		{"affinity", func() error { return clearHash[xdp.NicAffinityKey, xdp.NicAffinityEntry](d.m.Affinity) }},
+		{"SNAT slots", func() error { return zeroArray[xdp.NicSnatSlot](d.m.SNATSlots) }},
+		{"SNAT hands", func() error { return zeroArray[uint32](d.m.SNATHands) }},
+	}
+	for _, step := range steps {
+		if err := step.clear(); err != nil {
+			return fmt.Errorf("clear %s: %w", step.what, err)
+		}
+	}
+	return nil
+}
+
+const flowBatch = 4096
+
+// eachClaimedSlot calls fn for every claimed SNAT slot until it returns
+// false, reading the array in batches.
+func eachClaimedSlot(m *ebpf.Map, fn func(xdp.NicSnatSlot) bool) error {
+	keys := make([]uint32, flowBatch)
+	slots := make([]xdp.NicSnatSlot, flowBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, slots, nil)
+		for _, s := range slots[:n] {
+			if s.Key.Proto != 0 && !fn(s) {
+				return nil
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read SNAT slots: %w", err)
+		}
+	}
+}
+
+// claimedSlots counts the SNAT slots in use.
+func claimedSlots(m *ebpf.Map) (int, error) {
+	n := 0
+	err := eachClaimedSlot(m, func(xdp.NicSnatSlot) bool { n++; return true })
+	return n, err
+}
+
+// clearHash deletes every entry of a hash map, in batches.
+func clearHash[K, V any](m *ebpf.Map) error {
+	keys, values := make([]K, flowBatch), make([]V, flowBatch)
+	for {
+		var cursor ebpf.MapBatchCursor
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if _, err := m.BatchDelete(keys[:n], nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+}
+
+// zeroArray writes zero values over a whole array map, in batches.
+func zeroArray[V any](m *ebpf.Map) error {
+	values := make([]V, flowBatch)
+	keys := make([]uint32, flowBatch)
+	for start := uint32(0); start < m.MaxEntries(); start += flowBatch {
+		n := min(flowBatch, m.MaxEntries()-start)
+		for i := range keys[:n] {
+			keys[i] = start + uint32(i)
+		}
+		if _, err := m.BatchUpdate(keys[:n], values[:n], nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Now returns the datapath's clock (CLOCK_MONOTONIC, as bpf_ktime_get_ns).

@@ -12,6 +12,7 @@ func (d *Dataplane) sizedMaps() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
 		"conntrack":     d.m.Conntrack,
 		"nat":           d.m.NAT,
+		"snat_slots":    d.m.SNATSlots,
 		"affinity":      d.m.Affinity,
 		"frontends":     d.m.Frontends,
 		"backends":      d.m.Backends,
@@ -46,6 +47,8 @@ func (d *Dataplane) Occupancy() (map[string]int, error) {
 			var bes map[uint32]Backend
 			bes, err = d.Backends()
 			n = len(bes)
+		case "snat_slots":
+			n, err = claimedSlots(m)
 		case "source_ranges":
 			var rs []SourceRange
 			rs, err = d.SourceRanges()

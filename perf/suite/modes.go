@@ -315,37 +315,10 @@ func (m *xdplbMode) probeTargets() []targetKind { return allTargets }
 
 // reset empties the flow maps through the pins (the agent keeps no copy).
 func (m *xdplbMode) reset(context.Context, *env) error {
-	if err := clearMap[xdp.NicCtKey, xdp.NicCtEntry](m.maps.Conntrack); err != nil {
-		return fmt.Errorf("clear conntrack: %w", err)
-	}
-	if err := clearMap[xdp.NicNatKey, xdp.NicNatEntry](m.maps.NAT); err != nil {
-		return fmt.Errorf("clear nat: %w", err)
-	}
-	if err := clearMap[xdp.NicAffinityKey, xdp.NicAffinityEntry](m.maps.Affinity); err != nil {
-		return fmt.Errorf("clear affinity: %w", err)
-	}
-	return nil
+	return dataplane.New(m.maps).ResetFlows()
 }
 
 const mapBatch = 4096
-
-// clearMap deletes every entry of a hash map, in batches.
-func clearMap[K, V any](m *ebpf.Map) error {
-	keys, vals := make([]K, mapBatch), make([]V, mapBatch)
-	for {
-		var cursor ebpf.MapBatchCursor
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		if _, err := m.BatchDelete(keys[:n], nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
-		}
-	}
-}
 
 // countEntries counts a hash map's entries in batches.
 func countEntries[K, V any](m *ebpf.Map) (int, error) {
@@ -369,7 +342,7 @@ func (m *xdplbMode) observe(context.Context, *env) (*observation, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &observation{counters: map[string]uint64{}, ctMax: int(m.maps.Conntrack.MaxEntries()), natMax: int(m.maps.NAT.MaxEntries())}
+	o := &observation{counters: map[string]uint64{}, ctMax: int(m.maps.Conntrack.MaxEntries()), natMax: int(m.maps.NAT.MaxEntries() + m.maps.SNATSlots.MaxEntries())}
 	for i, c := range counters {
 		if i < len(m.names) {
 			o.counters[m.names[i]] = c.Packets
@@ -378,26 +351,23 @@ func (m *xdplbMode) observe(context.Context, *env) (*observation, error) {
 	if o.ctEntries, err = countEntries[xdp.NicCtKey, xdp.NicCtEntry](m.maps.Conntrack); err != nil {
 		return nil, fmt.Errorf("count conntrack: %w", err)
 	}
-	if o.natEnts, err = countEntries[xdp.NicNatKey, xdp.NicNatEntry](m.maps.NAT); err != nil {
-		return nil, fmt.Errorf("count nat: %w", err)
+	if o.natEnts, err = dataplane.New(m.maps).ReverseEntries(); err != nil {
+		return nil, fmt.Errorf("count reverse NAT halves: %w", err)
 	}
 	return o, nil
 }
 
-// replyTuples reads the reverse NAT entries: their keys are the replies.
+// replyTuples reads the reverse NAT halves: their keys are the replies.
 func (m *xdplbMode) replyTuples(_ context.Context, e *env, limit int) ([]traffic.Tuple, error) {
 	var out []traffic.Tuple
-	var key xdp.NicNatKey
-	var val xdp.NicNatEntry
-	it := m.maps.NAT.Iterate()
-	for it.Next(&key, &val) && len(out) < limit {
-		if key.Proto != e.proto || xdp.NetToAddr(key.Daddr) != EdgeNodeAddr {
-			continue
+	err := dataplane.New(m.maps).ReverseHalves(func(key xdp.NicNatKey, _ xdp.NicNatEntry) bool {
+		if key.Proto == e.proto && xdp.NetToAddr(key.Daddr) == EdgeNodeAddr {
+			out = append(out, traffic.Tuple{Src: xdp.NetToAddr(key.Saddr), Dst: xdp.NetToAddr(key.Daddr),
+				SrcPort: xdp.NetToPort(key.Sport), DstPort: xdp.NetToPort(key.Dport)})
 		}
-		out = append(out, traffic.Tuple{Src: xdp.NetToAddr(key.Saddr), Dst: xdp.NetToAddr(key.Daddr),
-			SrcPort: xdp.NetToPort(key.Sport), DstPort: xdp.NetToPort(key.Dport)})
-	}
-	return out, it.Err()
+		return len(out) < limit
+	})
+	return out, err
 }
 
 // ---- kube-proxy ------------------------------------------------------------

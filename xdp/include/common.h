@@ -52,6 +52,11 @@ struct icmphdr {
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
+/* Keep the compiler from reordering or merging memory accesses across it
+ * (state another CPU reads while it is rewritten). */
+#define barrier() asm volatile("" ::: "memory")
+#define READ_ONCE(x) (*(const volatile __typeof__(x) *)&(x))
+
 #define NSEC_PER_SEC 1000000000ULL
 
 /* IPv4 fragment bits in iphdr.frag_off (host order after bpf_ntohs). */

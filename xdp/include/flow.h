@@ -219,7 +219,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 		}
 	}
 
-	err = nat_claim(&res->key, fresh, cfg);
+	err = nat_claim(&res->key, fresh, cfg, now);
 	if (err) {
 		res->reason = err == -1 ? STAT_DROP_NAT_EXHAUSTED : STAT_DROP_CT_FULL;
 		return FLOW_DROP;
@@ -230,7 +230,10 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 		struct ct_entry *ct = bpf_map_lookup_elem(&conntrack, &res->key);
 
 		if (ct && ct_usable(ct, pkt, origin, cfg, now)) {
-			nat_release(&res->key, fresh);
+			/* Give back what was claimed, unless it is the live
+			 * entry's own reverse half, taken over in the claim. */
+			if (!ct_same_reverse(fresh, ct))
+				nat_release(&res->key, fresh);
 			*ctp = ct;
 			return FLOW_TRACKED;
 		}
@@ -310,7 +313,7 @@ static __always_inline int flow_touch(const struct ct_key *key, struct ct_entry 
 	ct->hop.ifindex = 0;
 	if (ct->flags & CT_F_AFFINITY)
 		affinity_touch(ct->svc_id, key->saddr, now);
-	switch (nat_ensure(key, ct, cfg)) {
+	switch (nat_ensure(key, ct, cfg, now)) {
 	case NAT_OK:
 		break;
 	case NAT_REPAIRED:
@@ -358,11 +361,9 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 	if (!ct) {
 		bpf_map_update_elem(&conntrack, &flow, &rebuilt, BPF_NOEXIST);
 		count(STAT_CT_REPAIRED, 0);
-	} else if (ct->backend_addr != key->saddr || ct->backend_port != key->sport ||
-		   ((ct->flags & CT_F_SNAT) &&
-		    (ct->nat_addr != key->daddr || ct->nat_port != key->dport))) {
+	} else if (!ct_answers_to(ct, key)) {
 		/* The client tuple now belongs to a newer flow. */
-		bpf_map_delete_elem(&nat, key);
+		nat_forget(key, rev);
 		return -1;
 	} else {
 		if (pkt->tcp_flags & TCP_FLAG_RST)

@@ -14,6 +14,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "csum.h"
+#include "nat.h"
 
 /* The part of an ICMP error xdplb reads and rewrites. */
 struct icmp_quote {
@@ -59,7 +60,7 @@ static __always_inline struct icmp_quote *icmp_error_flow(const struct packet *p
 	key->dport = quote->sport;
 	key->proto = quote->ip.protocol;
 	key->pad[0] = key->pad[1] = key->pad[2] = 0;
-	*entry = bpf_map_lookup_elem(&nat, key);
+	*entry = reverse_lookup(key);
 	return *entry ? quote : NULL;
 }
 

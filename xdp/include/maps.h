@@ -29,7 +29,7 @@ struct datapath_config {
 	/* Source address of hairpin flows (a pod reaching itself through a
 	 * service): replies to it come back through the pod's interface. */
 	__be32 hairpin_addr;
-	__u32 pad;
+	__u32 snat_buckets; /* SNAT port ranges in snat_slots (see snat_slot) */
 	/* The node's network namespace: the socket programs, attached to a
 	 * cgroup shared by every namespace, act only on sockets of this one. */
 	__u64 netns_cookie;
@@ -177,6 +177,30 @@ struct nat_entry {
 	__u32 svc_id;
 	__u8 flags; /* enum ct_flags of the forward entry */
 	__u8 pad[3];
+};
+
+/*
+ * The reverse half of a SNAT flow, kept in the slot of its SNAT port rather
+ * than in an LRU hash: a new SNAT flow then costs one LRU insert (its
+ * conntrack entry), not two, and a reply finds its flow without hashing a
+ * 5-tuple. snat_slots holds snat_buckets copies of the SNAT port range; the
+ * reply tuples of one (backend, node address, protocol) use the copy
+ * chosen by a hash of that triple, shared with the other backends hashed
+ * there. Each bucket hands out its ports in turn (snat_hands), so the port
+ * offered next is the one held longest: by then its flow has usually ended
+ * or been evicted, and a port still in use is skipped.
+ *
+ * A slot is the reverse half only while its forward conntrack entry exists
+ * and points back at it: evicting the forward entry frees the slot (the
+ * next claim that reaches it takes it), and a slot is never evicted alone.
+ * key.proto == 0 marks a free slot; generation is bumped by every claim and
+ * release with compare-and-swap, so two CPUs never take the same slot.
+ */
+struct snat_slot {
+	struct nat_entry rev;
+	struct nat_key key; /* the reply tuple this slot answers */
+	__u32 generation;
+	__u32 pad;
 };
 
 /* ClientIP session affinity. */
@@ -347,9 +371,9 @@ struct {
  * insert, touching a few cold entries each time, where the common LRU
  * refills a per-CPU free list 128 entries at a time. It would also split
  * max_entries evenly over the possible CPUs, each CPU evicting only the
- * entries it created. A new flow's cost is dominated by the two inserts
- * (one per map), and mostly by cache misses on entries and buckets: with
- * maps small enough to stay in cache the same path is about 2.5x faster.
+ * entries it created. One insert into a full LRU hash is the largest part
+ * of a new flow's cost (lru_insert_floor in the benchmark), which is why a
+ * SNAT flow's reverse half lives in snat_slots instead of a second LRU map.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -366,6 +390,25 @@ struct {
 	__type(value, struct nat_entry);
 	__uint(pinning, PIN);
 } nat SEC(".maps");
+
+/* snat_buckets SNAT port ranges: see struct snat_slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct snat_slot);
+	__uint(pinning, PIN);
+} snat_slots SEC(".maps");
+
+/* Per SNAT bucket: how many ports it has handed out (mod the range: the
+ * next port it offers). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, PIN);
+} snat_hands SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

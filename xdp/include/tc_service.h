@@ -97,7 +97,7 @@ static __always_inline int tc_try_reply(struct __sk_buff *skb, struct packet *pk
 		.dport = pkt->dport,
 		.proto = pkt->proto,
 	};
-	struct nat_entry *rev = bpf_map_lookup_elem(&nat, &key);
+	struct nat_entry *rev = reverse_lookup(&key);
 
 	if (!rev)
 		return -1;
