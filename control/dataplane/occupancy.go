@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/xdplb/xdplb/xdp"
 )
 
 // sizedMaps are the maps whose fill level matters to operators.
@@ -34,15 +36,25 @@ func (d *Dataplane) Capacities() map[string]uint32 {
 	return out
 }
 
-// Occupancy counts the entries of each sized map. It walks the maps in
-// batches where the kernel supports it; on a map with a million flows it
-// takes a noticeable fraction of a second.
+// Occupancy counts the entries of each sized map. It walks the hash maps
+// in batches; on a map with a million flows it takes a noticeable fraction
+// of a second.
 func (d *Dataplane) Occupancy() (map[string]int, error) {
 	out := map[string]int{}
 	for name, m := range d.sizedMaps() {
 		var n int
 		var err error
 		switch name {
+		case "conntrack":
+			n, err = countEntries[xdp.NicCtKey, xdp.NicCtEntry](m)
+		case "nat":
+			n, err = countEntries[xdp.NicNatKey, xdp.NicNatEntry](m)
+		case "affinity":
+			n, err = countEntries[xdp.NicAffinityKey, xdp.NicAffinityEntry](m)
+		case "frontends":
+			n, err = countEntries[xdp.NicFrontendKey, xdp.NicFrontend](m)
+		case "services":
+			n, err = countEntries[uint32, xdp.NicSvcName](m)
 		case "backends":
 			var bes map[uint32]Backend
 			bes, err = d.Backends()
@@ -53,8 +65,8 @@ func (d *Dataplane) Occupancy() (map[string]int, error) {
 			var rs []SourceRange
 			rs, err = d.SourceRanges()
 			n = len(rs)
-		default:
-			n, err = countEntries(m)
+		default: // maglev_tables: a map of maps has no batch lookup
+			n, err = countByIteration(m)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("count %s: %w", name, err)
@@ -64,13 +76,9 @@ func (d *Dataplane) Occupancy() (map[string]int, error) {
 	return out, nil
 }
 
-// countEntries counts a hash map's keys, in batches when possible.
-func countEntries(m *ebpf.Map) (int, error) {
-	keys := make([]byte, int(m.KeySize())*4096)
-	values := make([]byte, int(m.ValueSize())*4096)
-	if m.Type() == ebpf.HashOfMaps || m.Type() == ebpf.PerCPUHash || m.Type() == ebpf.LRUCPUHash {
-		return countByIteration(m)
-	}
+// countEntries counts a hash map's keys, in batches.
+func countEntries[K, V any](m *ebpf.Map) (int, error) {
+	keys, values := make([]K, flowBatch), make([]V, flowBatch)
 	var cursor ebpf.MapBatchCursor
 	total := 0
 	for {
@@ -80,9 +88,6 @@ func countEntries(m *ebpf.Map) (int, error) {
 			return total, nil
 		}
 		if err != nil {
-			if total == 0 {
-				return countByIteration(m)
-			}
 			return total, err
 		}
 	}

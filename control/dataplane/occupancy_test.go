@@ -1,0 +1,71 @@
+package dataplane_test
+
+import (
+	"testing"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/tests/testenv"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// TestOccupancyCountsFlowMaps fills the flow maps with more entries than
+// one read batch holds and checks what Occupancy reports, and that
+// ResetFlows empties them.
+func TestOccupancyCountsFlowMaps(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	opts := loader.DefaultOptions()
+	opts.PinRoot = testenv.BPFFS(t)
+	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 16384, 16384, 16384
+	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 64, 64
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	d := dataplane.New(&dp.Maps)
+
+	const flows, slots = 5000, 4100
+	for i := uint32(0); i < flows; i++ {
+		if err := dp.Maps.Conntrack.Put(xdp.NicCtKey{Saddr: i + 1, Proto: 6}, xdp.NicCtEntry{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.Maps.NAT.Put(xdp.NicNatKey{Saddr: i + 1, Proto: 6}, xdp.NicNatEntry{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.Maps.Affinity.Put(xdp.NicAffinityKey{ClientAddr: i + 1}, xdp.NicAffinityEntry{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := uint32(0); i < slots; i++ {
+		if err := dp.Maps.SNATSlots.Put(i*3, xdp.NicSnatSlot{Key: xdp.NicNatKey{Proto: 17}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	occ, err := d.Occupancy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{"conntrack": flows, "nat": flows, "affinity": flows, "snat_slots": slots, "frontends": 0} {
+		if occ[name] != want {
+			t.Errorf("occupancy of %s: %d, want %d", name, occ[name], want)
+		}
+	}
+	if n, err := d.ReverseEntries(); err != nil || n != flows+slots {
+		t.Errorf("reverse halves: %d (%v), want %d", n, err, flows+slots)
+	}
+
+	if err := d.ResetFlows(); err != nil {
+		t.Fatal(err)
+	}
+	occ, err = d.Occupancy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"conntrack", "nat", "affinity", "snat_slots"} {
+		if occ[name] != 0 {
+			t.Errorf("after ResetFlows, %s holds %d entries", name, occ[name])
+		}
+	}
+}
