@@ -69,6 +69,11 @@ func withSNATRange(min, max uint16) fixtureOption {
 	return func(o *loader.Options) { o.SNATPortMin, o.SNATPortMax = min, max }
 }
 
+// withNATMax sizes the nat map, and with it the SNAT slots (twice as many).
+func withNATMax(n uint32) fixtureOption {
+	return func(o *loader.Options) { o.NATMax = n }
+}
+
 func newFixture(t *testing.T, opts ...fixtureOption) *fixture {
 	t.Helper()
 	return newFixtureSized(t, 4096, 256, opts...)

@@ -355,6 +355,60 @@ func TestRetransmittedSYNKeepsTheFlow(t *testing.T) {
 	}
 }
 
+// Backends that share a SNAT bucket each keep a whole port range: when the
+// bucket's slots are held by one backend's live flows, another backend's new
+// flow takes a port through the nat map, and its replies come back; the
+// first backend, whose every port is in use, is refused a port.
+func TestSNATBucketSharedByBackends(t *testing.T) {
+	const ports = 32
+	// 16 NAT entries: 32 slots, one bucket of 32 ports for every backend.
+	f := newFixture(t, withSNATRange(snatMin, snatMin+ports-1), withNATMax(16))
+	two := service{
+		svcID: 4, tableID: 4,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{21: backendRemote1, 22: backendRemote2},
+		table:     []uint32{21, 22},
+	}
+	f.program(two)
+	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
+	clientPorts := func(backend uint32, n int) []uint16 {
+		var out []uint16
+		for p := uint16(10000); len(out) < n && p < 60000; p++ {
+			frame.SrcPort = p
+			if expectedBackend(two, frame) == backend {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+
+	first := clientPorts(21, ports+1)
+	for _, c := range first[:ports] {
+		frame.SrcPort = c
+		f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpRedirect)
+	}
+
+	frame.SrcPort = clientPorts(22, 1)[0]
+	r := f.run(frame.Bytes(), f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+	sent := decode(t, r.out)
+	if sent.Dst != remotePod2 {
+		t.Fatalf("flow went to %s, want %s", sent.Dst, remotePod2)
+	}
+	reply := packet.Frame{Src: remotePod2, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort,
+		DstPort: sent.SrcPort, Flags: packet.SYN | packet.ACK}
+	back := decode(t, f.run(reply.Bytes(), f.nic1).out)
+	if back.Dst != clientAddr || back.DstPort != frame.SrcPort || back.Src != nodeAddr || back.SrcPort != 30100 {
+		t.Fatalf("reply translated to %s:%d -> %s:%d", back.Src, back.SrcPort, back.Dst, back.DstPort)
+	}
+
+	frame.SrcPort = first[ports]
+	f.expectCounters(map[string]uint64{"drop_nat_exhausted": 1}, func() {
+		f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpDrop)
+	})
+}
+
 // Reverse halves of SNAT flows kept in the NAT map, as a datapath before
 // SNAT slots kept them, still translate replies: pinned maps are adopted
 // across an upgrade and established flows keep working.

@@ -187,8 +187,8 @@ struct nat_entry {
  * reply tuples of one (backend, node address, protocol) use the copy
  * chosen by a hash of that triple, shared with the other backends hashed
  * there. Each bucket hands out its ports in turn (snat_hands), so the port
- * offered next is the one held longest: by then its flow has usually ended
- * or been evicted, and a port still in use is skipped.
+ * offered next is the one held longest. When a bucket is busy, a flow's
+ * reverse half goes to the nat map instead (see SNAT_SLOT_ATTEMPTS).
  *
  * A slot is the reverse half only while its forward conntrack entry exists
  * and points back at it: evicting the forward entry frees the slot (the

@@ -22,19 +22,22 @@
 #include "conntrack.h"
 
 /*
- * Ports of a SNAT bucket tried before giving up (counted drop). They are
- * offered oldest first, so only a bucket whose every port is held by a
- * live flow runs out: 32 in a row in use means the range is (nearly) full.
- *
- * Oldest first rather than at random matters for more than reuse: telling
- * whether a taken slot's flow still lives means looking up its conntrack
- * entry, and a lookup marks an LRU entry as recently used. Random probing
- * hit live flows on most tries, and with conntrack at capacity those marks
- * made the LRU scan long lists on every insert (new flows slowed from
- * under 1 us to 80-150 us in BenchmarkDatapath). The oldest slot's flow
- * has almost always been evicted already, and looking up a missing key
- * marks nothing.
+ * A SNAT flow claims its port in two ways. First its bucket's slots, oldest
+ * first (SNAT_SLOT_ATTEMPTS of them): the port held longest has almost
+ * always lost its flow already. Checking whether a taken slot's flow still
+ * lives means looking up its conntrack entry, which marks an LRU entry as
+ * recently used; random probing hit live flows on most tries, and with
+ * conntrack at capacity those marks made the LRU scan long lists on every
+ * insert (new flows slowed from under 1 us to 80-150 us in
+ * BenchmarkDatapath), so the slot path gives up after a few tries. Then,
+ * when the bucket is busy (long-lived flows, or several busy backends
+ * hashed to it), the nat map, as flows without SNAT: ports of the
+ * backend's own range at random (SNAT_PORT_ATTEMPTS of them), skipping
+ * those a slot holds for the same backend. So every backend keeps a whole
+ * range per node address; with 78% of it in use, 0.03% of new flows find
+ * no port (16 tries: 1.9%), a counted drop.
  */
+#define SNAT_SLOT_ATTEMPTS 4
 #define SNAT_PORT_ATTEMPTS 32
 
 /* The reply tuple a backend sends for a forward entry. */
@@ -209,29 +212,37 @@ static __always_inline int snat_slot_take(struct snat_slot *slot, __u32 generati
 	return 0;
 }
 
-/* Free a slot if it still answers to `key` for `flow`. */
-static __always_inline void snat_slot_release(const struct nat_key *key, const struct ct_key *flow,
-					      const struct datapath_config *cfg)
+/* Does the slot hold this reply tuple (for whichever flow)? */
+static __always_inline int snat_slot_holds(const struct snat_slot *slot, const struct nat_key *key)
+{
+	return slot->key.proto && nat_keys_equal(&slot->key, key);
+}
+
+/* Free a slot if it holds `key` for `flow`; returns whether it did. */
+static __always_inline int snat_slot_release(const struct nat_key *key, const struct ct_key *flow,
+					     const struct datapath_config *cfg)
 {
 	struct snat_slot *slot = snat_slot_of(key, cfg);
 	__u32 generation;
 
 	if (!slot)
-		return;
+		return 0;
 	generation = READ_ONCE(slot->generation);
-	if (!nat_keys_equal(&slot->key, key) || !nat_entry_matches(&slot->rev, flow))
-		return;
+	if (!snat_slot_holds(slot, key) || !nat_entry_matches(&slot->rev, flow))
+		return 0;
 	if (__sync_val_compare_and_swap(&slot->generation, generation, generation + 1) ==
 	    generation)
 		slot->key.proto = 0;
+	return 1;
 }
 
 /* ---- the reverse half of a flow ---------------------------------------- */
 
 /*
  * The reverse entry a reply tuple belongs to: the slot of its SNAT port if
- * that slot answers to exactly this tuple, else the nat map's entry (flows
- * without SNAT). NULL when there is none.
+ * that slot holds exactly this tuple, else the nat map's entry (flows
+ * without SNAT, and SNAT flows whose bucket was busy). NULL when there is
+ * none.
  */
 static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *key)
 {
@@ -240,16 +251,121 @@ static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *ke
 	if (cfg && snat_port_in_range(cfg, key->dport)) {
 		struct snat_slot *slot = snat_slot_of(key, cfg);
 
-		if (slot && slot->key.proto && nat_keys_equal(&slot->key, key))
+		if (slot && snat_slot_holds(slot, key))
 			return &slot->rev;
 	}
 	return bpf_map_lookup_elem(&nat, key);
 }
 
+/* Claim a slot of the flow's bucket, oldest first. 0 on success. */
+static __always_inline int snat_claim_slot(const struct ct_key *flow, struct ct_entry *ct,
+					   const struct datapath_config *cfg, __u64 now,
+					   struct nat_key *key, const struct nat_entry *entry)
+{
+	__u32 range = snat_range(cfg), bucket = snat_bucket_of(key, cfg), *hand;
+
+	hand = bpf_map_lookup_elem(&snat_hands, &bucket);
+	if (!hand)
+		return -1;
+	for (__u32 i = 0; i < SNAT_SLOT_ATTEMPTS; i++) {
+		__u32 offset = __sync_fetch_and_add(hand, 1) % range;
+		__u32 index = bucket * range + offset;
+		struct snat_slot *slot = bpf_map_lookup_elem(&snat_slots, &index);
+		__u32 generation;
+
+		if (!slot)
+			return -1;
+		ct->nat_port = bpf_htons((__u16)(cfg->snat_port_min + offset));
+		key->dport = ct->nat_port;
+		generation = READ_ONCE(slot->generation);
+		if (!snat_slot_reclaimable(slot, flow, cfg, now))
+			continue;
+		/* A flow of the same backend that went to the nat map may use
+		 * this port. */
+		if (bpf_map_lookup_elem(&nat, key))
+			continue;
+		if (snat_slot_take(slot, generation, key, entry) == 0)
+			return 0;
+	}
+	return -1;
+}
+
+/* State of the random port search in the nat map (a bpf_loop callback's). */
+struct snat_search {
+	struct nat_key key;
+	struct nat_entry entry;
+	__u32 base;      /* hash the ports are drawn from */
+	__u32 port_min;
+	__u32 range;
+	__u32 buckets;
+	long result;     /* 0: claimed key.dport; -1: none free; -2: no room */
+};
+
+/* The slot a SNAT search's key would use (snat_slot_of, from the search). */
+static __always_inline struct snat_slot *snat_search_slot(const struct snat_search *s)
+{
+	__u32 bucket = 0, index;
+
+	if (s->buckets > 1)
+		bucket = flow_hash(s->key.saddr, s->key.daddr, s->key.sport, 0, s->key.proto, 0) %
+			 s->buckets;
+	index = bucket * s->range + (bpf_ntohs(s->key.dport) - s->port_min);
+	return bpf_map_lookup_elem(&snat_slots, &index);
+}
+
+/* One try of the search: port number i of the backend's random order. */
+static long snat_search_try(__u32 i, void *ctx)
+{
+	struct snat_search *s = ctx;
+	struct snat_slot *slot;
+	long err;
+
+	/* Independent pseudo-random ports: a fixed stride would cluster like
+	 * linear probing and fail early. */
+	s->key.dport = bpf_htons((__u16)(s->port_min + hash_3words(s->base, i, 0, 0) % s->range));
+	slot = snat_search_slot(s);
+	if (!slot || snat_slot_holds(slot, &s->key))
+		return 0;
+	/* The first port is usually free: insert straight away. After a
+	 * collision, look before inserting: a failed LRU insert may evict a
+	 * live entry to make room it then does not use. */
+	if (i > 0 && bpf_map_lookup_elem(&nat, &s->key))
+		return 0;
+	err = bpf_map_update_elem(&nat, &s->key, &s->entry, BPF_NOEXIST);
+	if (err == -17 /* EEXIST */)
+		return 0;
+	s->result = err ? -2 : 0;
+	return 1;
+}
+
+/* Claim a port of the backend's range in the nat map, at random (through
+ * bpf_loop, so the verifier checks one try, not SNAT_PORT_ATTEMPTS). 0 on
+ * success, -1 when no port was free, -2 when there was no room. */
+static __always_inline int snat_claim_nat(const struct ct_key *flow, struct ct_entry *ct,
+					  const struct datapath_config *cfg, struct nat_key *key,
+					  const struct nat_entry *entry)
+{
+	struct snat_search s = {
+		.key = *key,
+		.entry = *entry,
+		.base = flow_hash(flow->saddr, flow->daddr, flow->sport, flow->dport, flow->proto,
+				  cfg->hash_seed ^ 0x5a5a5a5a),
+		.port_min = cfg->snat_port_min,
+		.range = snat_range(cfg),
+		.buckets = cfg->snat_buckets,
+		.result = -1,
+	};
+
+	bpf_loop(SNAT_PORT_ATTEMPTS, snat_search_try, &s, 0);
+	if (s.result == 0)
+		ct->nat_port = s.key.dport;
+	return s.result;
+}
+
 /*
  * Claim the reverse half for a new flow. Without SNAT the reply tuple is
- * fixed and gets a nat map entry. With SNAT, the bucket's ports are
- * offered in turn until one can be taken.
+ * fixed and gets a nat map entry. With SNAT, a port is claimed as the
+ * comment on SNAT_SLOT_ATTEMPTS says.
  * Returns 0 on success, -1 when no port was free, -2 when there was no room.
  */
 static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry *ct,
@@ -257,37 +373,16 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 {
 	struct nat_key key;
 	struct nat_entry entry;
-	__u32 range, bucket, *hand;
 
 	nat_entry_of(flow, ct, &entry);
 	nat_key_of(flow, ct, &key);
 	if (!(ct->flags & CT_F_SNAT))
 		return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) ? -2 : 0;
-
 	if (cfg->snat_port_max < cfg->snat_port_min)
 		return -1;
-	range = snat_range(cfg);
-	bucket = snat_bucket_of(&key, cfg);
-	hand = bpf_map_lookup_elem(&snat_hands, &bucket);
-	if (!hand)
-		return -2;
-	for (__u32 i = 0; i < SNAT_PORT_ATTEMPTS; i++) {
-		__u32 offset = __sync_fetch_and_add(hand, 1) % range;
-		__u32 index = bucket * range + offset;
-		struct snat_slot *slot = bpf_map_lookup_elem(&snat_slots, &index);
-		__u32 generation;
-
-		if (!slot)
-			return -2;
-		ct->nat_port = bpf_htons((__u16)(cfg->snat_port_min + offset));
-		key.dport = ct->nat_port;
-		generation = READ_ONCE(slot->generation);
-		if (!snat_slot_reclaimable(slot, flow, cfg, now))
-			continue;
-		if (snat_slot_take(slot, generation, &key, &entry) == 0)
-			return 0;
-	}
-	return -1;
+	if (snat_claim_slot(flow, ct, cfg, now, &key, &entry) == 0)
+		return 0;
+	return snat_claim_nat(flow, ct, cfg, &key, &entry);
 }
 
 /* Forget the reverse half of a forward entry, if it is still ours. */
@@ -300,9 +395,8 @@ static __always_inline void nat_release(const struct ct_key *flow, const struct 
 	nat_key_of(flow, ct, &key);
 	if (ct->flags & CT_F_SNAT) {
 		cfg = config_get();
-		if (cfg && snat_port_in_range(cfg, key.dport))
-			snat_slot_release(&key, flow, cfg);
-		return;
+		if (cfg && snat_port_in_range(cfg, key.dport) && snat_slot_release(&key, flow, cfg))
+			return;
 	}
 	entry = bpf_map_lookup_elem(&nat, &key);
 	if (entry && nat_entry_matches(entry, flow))
@@ -312,15 +406,14 @@ static __always_inline void nat_release(const struct ct_key *flow, const struct 
 /* Forget a reverse entry that turned out stale (its forward half moved on). */
 static __always_inline void nat_forget(const struct nat_key *key, const struct nat_entry *rev)
 {
-	struct ct_key flow;
 	struct datapath_config *cfg;
+	struct ct_key flow;
 
 	if (rev->flags & CT_F_SNAT) {
 		cfg = config_get();
 		ct_key_of_nat(key, rev, &flow);
-		if (cfg && snat_port_in_range(cfg, key->dport))
-			snat_slot_release(key, &flow, cfg);
-		return;
+		if (cfg && snat_port_in_range(cfg, key->dport) && snat_slot_release(key, &flow, cfg))
+			return;
 	}
 	bpf_map_delete_elem(&nat, key);
 }
@@ -336,35 +429,46 @@ enum nat_check {
 static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, struct ct_entry *ct,
 						 const struct datapath_config *cfg, __u64 now)
 {
-	struct nat_key key;
+	struct snat_slot *slot = NULL;
 	struct nat_entry *found, entry;
+	struct nat_key key;
+	__u32 generation = 0;
 
 	nat_key_of(flow, ct, &key);
+	nat_entry_of(flow, ct, &entry);
 	if (ct->flags & CT_F_SNAT) {
-		struct snat_slot *slot = snat_slot_of(&key, cfg);
-		__u32 generation;
-
-		if (!slot || !snat_port_in_range(cfg, key.dport))
+		if (!snat_port_in_range(cfg, key.dport))
+			return NAT_FAILED;
+		slot = snat_slot_of(&key, cfg);
+		if (!slot)
 			return NAT_FAILED;
 		generation = READ_ONCE(slot->generation);
-		if (slot->key.proto && nat_keys_equal(&slot->key, &key) &&
-		    nat_entry_matches(&slot->rev, flow))
-			return NAT_OK;
-		if (!slot->key.proto) {
-			/* Released (by the control plane, say): take it back. */
-			nat_entry_of(flow, ct, &entry);
-			if (snat_slot_take(slot, generation, &key, &entry) == 0)
-				return NAT_REPAIRED;
+		if (snat_slot_holds(slot, &key)) {
+			if (nat_entry_matches(&slot->rev, flow))
+				return NAT_OK;
+			goto lost; /* the SNAT port now belongs to another flow */
 		}
-		/* The SNAT port now belongs to another flow. */
-		return nat_claim(flow, ct, cfg, now) == 0 ? NAT_PORT_MOVED : NAT_FAILED;
 	}
 
 	found = bpf_map_lookup_elem(&nat, &key);
-	if (found && nat_entry_matches(found, flow))
-		return NAT_OK;
-	nat_entry_of(flow, ct, &entry);
-	return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) == 0 ? NAT_REPAIRED : NAT_FAILED;
+	if (found) {
+		if (nat_entry_matches(found, flow))
+			return NAT_OK;
+		if (ct->flags & CT_F_SNAT)
+			goto lost;
+		/* Without SNAT the reply tuple is this flow's alone. */
+		return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) == 0 ? NAT_REPAIRED
+									    : NAT_FAILED;
+	}
+	/* Missing (released, or evicted from the nat map): take it back, in
+	 * the slot if that is free. */
+	if (slot && !slot->key.proto && snat_slot_take(slot, generation, &key, &entry) == 0)
+		return NAT_REPAIRED;
+	if (bpf_map_update_elem(&nat, &key, &entry, BPF_NOEXIST) == 0)
+		return NAT_REPAIRED;
+	return NAT_FAILED;
+lost:
+	return nat_claim(flow, ct, cfg, now) == 0 ? NAT_PORT_MOVED : NAT_FAILED;
 }
 
 /*
