@@ -317,6 +317,7 @@ static __always_inline struct snat_slot *snat_search_slot(const struct snat_sear
 static long snat_search_try(__u32 i, void *ctx)
 {
 	struct snat_search *s = ctx;
+	struct nat_entry *found;
 	struct snat_slot *slot;
 	long err;
 
@@ -324,15 +325,44 @@ static long snat_search_try(__u32 i, void *ctx)
 	 * linear probing and fail early. */
 	s->key.dport = bpf_htons((__u16)(s->port_min + hash_3words(s->base, i, 0, 0) % s->range));
 	slot = snat_search_slot(s);
-	if (!slot || snat_slot_holds(slot, &s->key))
+	if (!slot)
 		return 0;
-	/* The first port is usually free: insert straight away. After a
-	 * collision, look before inserting: a failed LRU insert may evict a
-	 * live entry to make room it then does not use. */
-	if (i > 0 && bpf_map_lookup_elem(&nat, &s->key))
-		return 0;
-	err = bpf_map_update_elem(&nat, &s->key, &s->entry, BPF_NOEXIST);
-	if (err == -17 /* EEXIST */)
+	if (snat_slot_holds(slot, &s->key)) {
+		/* A slot holds this port for the backend: free only if its
+		 * flow's conntrack entry is gone or translates elsewhere now,
+		 * and then it is taken as a slot (the nat map must not hold
+		 * the same tuple). */
+		struct ct_key owner;
+		struct ct_entry *ct;
+		__u32 generation = READ_ONCE(slot->generation);
+
+		ct_key_of_nat(&slot->key, &slot->rev, &owner);
+		ct = bpf_map_lookup_elem(&conntrack, &owner);
+		if (ct && (ct->flags & CT_F_SNAT) && ct_answers_to(ct, &slot->key))
+			return 0;
+		if (snat_slot_take(slot, generation, &s->key, &s->entry))
+			return 0;
+		s->result = 0;
+		return 1;
+	}
+	/* Look before inserting: a failed LRU insert may evict a live entry
+	 * to make room it then does not use. An entry whose flow is gone
+	 * (evicted from conntrack while its reverse half stayed) is stale:
+	 * the port is free and the entry is replaced. */
+	found = bpf_map_lookup_elem(&nat, &s->key);
+	if (found) {
+		struct ct_key owner;
+		struct ct_entry *ct;
+
+		ct_key_of_nat(&s->key, found, &owner);
+		ct = bpf_map_lookup_elem(&conntrack, &owner);
+		if (ct && (ct->flags & CT_F_SNAT) && ct_answers_to(ct, &s->key))
+			return 0;
+		err = bpf_map_update_elem(&nat, &s->key, &s->entry, BPF_EXIST);
+	} else {
+		err = bpf_map_update_elem(&nat, &s->key, &s->entry, BPF_NOEXIST);
+	}
+	if (err == -17 /* EEXIST */ || err == -2 /* ENOENT: evicted meanwhile */)
 		return 0;
 	s->result = err ? -2 : 0;
 	return 1;
