@@ -6,8 +6,10 @@ package inspect
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -252,6 +254,13 @@ func embeddedPrograms() (map[string]*ebpf.ProgramSpec, error) {
 			return nil, fmt.Errorf("read embedded BPF object: %w", err)
 		}
 		for name, p := range spec.Programs {
+			// Resolve bpf-to-bpf call and callback offsets as loading
+			// does, or the tag of a program with subprograms (bpf_loop
+			// callbacks) would never match the kernel's. The embedded
+			// objects are little-endian (bpfel).
+			if err := p.Instructions.Marshal(io.Discard, binary.LittleEndian); err != nil {
+				return nil, fmt.Errorf("encode embedded program %s: %w", name, err)
+			}
 			out[name] = p
 		}
 	}
