@@ -6,25 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
-	"github.com/xdplb/xdplb/tests/testenv"
 )
 
 // TestServiceNames reads back what PutServiceNames wrote, for counts
 // around and beyond one read batch, and names cut to the entry's size.
 func TestServiceNames(t *testing.T) {
-	testenv.RequirePrivileged(t)
-	opts := loader.DefaultOptions()
-	opts.PinRoot = testenv.BPFFS(t)
-	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 10000, 256, 64, 64
-	dp, err := loader.Load(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dp.Close() })
-	d := dataplane.New(&dp.Maps)
+	_, d := loadSmall(t, func(o *loader.Options) { o.ServicesMax = 10000 })
 
 	long := "ns/" + strings.Repeat("x", 300) + ":http/TCP"
 	for _, n := range []int{0, 1, 4095, 4096, 4097, 9000} {

@@ -3,9 +3,7 @@ package dataplane_test
 import (
 	"testing"
 
-	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
-	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
 )
 
@@ -13,17 +11,9 @@ import (
 // one read batch holds and checks what Occupancy reports, and that
 // ResetFlows empties them.
 func TestOccupancyCountsFlowMaps(t *testing.T) {
-	testenv.RequirePrivileged(t)
-	opts := loader.DefaultOptions()
-	opts.PinRoot = testenv.BPFFS(t)
-	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 16384, 16384, 16384
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 64, 64
-	dp, err := loader.Load(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dp.Close() })
-	d := dataplane.New(&dp.Maps)
+	dp, d := loadSmall(t, func(o *loader.Options) {
+		o.ConntrackMax, o.NATMax, o.AffinityMax = 16384, 16384, 16384
+	})
 
 	const flows, slots = 5000, 4100
 	for i := uint32(0); i < flows; i++ {

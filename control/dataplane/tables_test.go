@@ -8,21 +8,10 @@ import (
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
-	"github.com/xdplb/xdplb/tests/testenv"
 )
 
 func TestPutTables(t *testing.T) {
-	testenv.RequirePrivileged(t)
-	opts := loader.DefaultOptions()
-	opts.PinRoot = testenv.BPFFS(t)
-	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 2048, 256, 64, 64
-	dp, err := loader.Load(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dp.Close() })
-	d := dataplane.New(&dp.Maps)
+	_, d := loadSmall(t, func(o *loader.Options) { o.ServicesMax = 2048 })
 
 	slotsOf := func(id uint32, size int) []uint32 {
 		out := make([]uint32, size)
@@ -73,7 +62,7 @@ func TestPutTables(t *testing.T) {
 		t.Error("table id 0 accepted")
 	}
 	fail := errors.New("no content")
-	_, err = d.PutTables(context.Background(), []dataplane.TableContent{{ID: 4000, Size: 251,
+	_, err := d.PutTables(context.Background(), []dataplane.TableContent{{ID: 4000, Size: 251,
 		Fill: func([]uint32) error { return fail }}})
 	if !errors.Is(err, fail) {
 		t.Errorf("PutTables with a failing Fill = %v, want its error", err)

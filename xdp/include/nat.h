@@ -149,23 +149,31 @@ static __always_inline __u32 snat_range(const struct datapath_config *cfg)
 	return (__u32)cfg->snat_port_max - cfg->snat_port_min + 1;
 }
 
-/* The SNAT bucket of a reply tuple: a hash of backend, node address and
- * protocol (the port is not part of it). It is node-local, so it takes no
- * seed: changing --maglev-hash-seed must not move the slots of live flows. */
-static __always_inline __u32 snat_bucket_of(const struct nat_key *key,
-					    const struct datapath_config *cfg)
+/*
+ * The index in snat_slots of a reply tuple whose destination port is a SNAT
+ * port: its bucket (a hash of backend, node address and protocol, not the
+ * port) times the range, plus the port's offset. The bucket is node-local,
+ * so the hash takes no seed: changing --maglev-hash-seed must not move the
+ * slots of live flows.
+ */
+static __always_inline __u32 snat_bucket(const struct nat_key *key, __u32 buckets)
 {
-	if (cfg->snat_buckets <= 1)
+	if (buckets <= 1)
 		return 0;
-	return flow_hash(key->saddr, key->daddr, key->sport, 0, key->proto, 0) % cfg->snat_buckets;
+	return flow_hash(key->saddr, key->daddr, key->sport, 0, key->proto, 0) % buckets;
+}
+
+static __always_inline __u32 snat_slot_index(const struct nat_key *key, __u32 port_min,
+					     __u32 range, __u32 buckets)
+{
+	return snat_bucket(key, buckets) * range + (bpf_ntohs(key->dport) - port_min);
 }
 
 /* The slot of a reply tuple whose destination port is a SNAT port. */
 static __always_inline struct snat_slot *snat_slot_of(const struct nat_key *key,
 						      const struct datapath_config *cfg)
 {
-	__u32 index = snat_bucket_of(key, cfg) * snat_range(cfg) +
-		      (bpf_ntohs(key->dport) - cfg->snat_port_min);
+	__u32 index = snat_slot_index(key, cfg->snat_port_min, snat_range(cfg), cfg->snat_buckets);
 
 	return bpf_map_lookup_elem(&snat_slots, &index);
 }
@@ -262,7 +270,7 @@ static __always_inline int snat_claim_slot(const struct ct_key *flow, struct ct_
 					   const struct datapath_config *cfg, __u64 now,
 					   struct nat_key *key, const struct nat_entry *entry)
 {
-	__u32 range = snat_range(cfg), bucket = snat_bucket_of(key, cfg), *hand;
+	__u32 range = snat_range(cfg), bucket = snat_bucket(key, cfg->snat_buckets), *hand;
 
 	hand = bpf_map_lookup_elem(&snat_hands, &bucket);
 	if (!hand)
@@ -301,15 +309,11 @@ struct snat_search {
 	long result;     /* 0: claimed key.dport; -1: none free; -2: no room */
 };
 
-/* The slot a SNAT search's key would use (snat_slot_of, from the search). */
+/* The slot a SNAT search's key would use. */
 static __always_inline struct snat_slot *snat_search_slot(const struct snat_search *s)
 {
-	__u32 bucket = 0, index;
+	__u32 index = snat_slot_index(&s->key, s->port_min, s->range, s->buckets);
 
-	if (s->buckets > 1)
-		bucket = flow_hash(s->key.saddr, s->key.daddr, s->key.sport, 0, s->key.proto, 0) %
-			 s->buckets;
-	index = bucket * s->range + (bpf_ntohs(s->key.dport) - s->port_min);
 	return bpf_map_lookup_elem(&snat_slots, &index);
 }
 

@@ -1,0 +1,30 @@
+package dataplane_test
+
+import (
+	"testing"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/tests/testenv"
+)
+
+// loadSmall loads a datapath with small maps on a private bpffs; size
+// changes the sizes a test cares about. It returns the loaded datapath
+// (for raw map access) and its Dataplane.
+func loadSmall(t *testing.T, size func(*loader.Options)) (*loader.Datapath, *dataplane.Dataplane) {
+	t.Helper()
+	testenv.RequirePrivileged(t)
+	opts := loader.DefaultOptions()
+	opts.PinRoot = testenv.BPFFS(t)
+	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
+	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 64, 64
+	if size != nil {
+		size(&opts)
+	}
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	return dp, dataplane.New(&dp.Maps)
+}
