@@ -19,45 +19,47 @@ const SchemaVersion = "v1"
 
 // Maps are the datapath's pinned maps (see xdp/include/maps.h).
 type Maps struct {
-	Config        *ebpf.Map
-	Ifaces        *ebpf.Map
-	TxPorts       *ebpf.Map
-	FrontendPorts *ebpf.Map
-	Frontends     *ebpf.Map
-	Backends      *ebpf.Map
-	MaglevTables  *ebpf.Map
-	SourceRanges  *ebpf.Map
-	Conntrack     *ebpf.Map
-	NAT           *ebpf.Map
-	SNATSlots     *ebpf.Map
-	SNATHands     *ebpf.Map
-	Affinity      *ebpf.Map
-	Stats         *ebpf.Map
-	SvcStats      *ebpf.Map
-	SvcNames      *ebpf.Map
-	AgentState    *ebpf.Map
+	Config           *ebpf.Map
+	Ifaces           *ebpf.Map
+	TxPorts          *ebpf.Map
+	FrontendPorts    *ebpf.Map
+	Frontends        *ebpf.Map
+	Backends         *ebpf.Map
+	MaglevTables     *ebpf.Map
+	SourceRanges     *ebpf.Map
+	Conntrack        *ebpf.Map
+	NAT              *ebpf.Map
+	SNATSlots        *ebpf.Map
+	SNATBucketHands  *ebpf.Map
+	SNATBackendHands *ebpf.Map
+	Affinity         *ebpf.Map
+	Stats            *ebpf.Map
+	SvcStats         *ebpf.Map
+	SvcNames         *ebpf.Map
+	AgentState       *ebpf.Map
 }
 
 // byName maps the C names of the maps to their handles.
 func (m *Maps) byName() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
-		"config":         &m.Config,
-		"ifaces":         &m.Ifaces,
-		"tx_ports":       &m.TxPorts,
-		"frontend_ports": &m.FrontendPorts,
-		"frontends":      &m.Frontends,
-		"backends":       &m.Backends,
-		"maglev_tables":  &m.MaglevTables,
-		"source_ranges":  &m.SourceRanges,
-		"conntrack":      &m.Conntrack,
-		"nat":            &m.NAT,
-		"snat_slots":     &m.SNATSlots,
-		"snat_hands":     &m.SNATHands,
-		"affinity":       &m.Affinity,
-		"stats":          &m.Stats,
-		"svc_stats":      &m.SvcStats,
-		"svc_names":      &m.SvcNames,
-		"agent":          &m.AgentState,
+		"config":             &m.Config,
+		"ifaces":             &m.Ifaces,
+		"tx_ports":           &m.TxPorts,
+		"frontend_ports":     &m.FrontendPorts,
+		"frontends":          &m.Frontends,
+		"backends":           &m.Backends,
+		"maglev_tables":      &m.MaglevTables,
+		"source_ranges":      &m.SourceRanges,
+		"conntrack":          &m.Conntrack,
+		"nat":                &m.NAT,
+		"snat_slots":         &m.SNATSlots,
+		"snat_bucket_hands":  &m.SNATBucketHands,
+		"snat_backend_hands": &m.SNATBackendHands,
+		"affinity":           &m.Affinity,
+		"stats":              &m.Stats,
+		"svc_stats":          &m.SvcStats,
+		"svc_names":          &m.SvcNames,
+		"agent":              &m.AgentState,
 	}
 }
 
@@ -275,17 +277,18 @@ func (d *Datapath) writeConfig() error {
 // sizeMaps sets every map's capacity from the options.
 func sizeMaps(spec *ebpf.CollectionSpec, opts Options) error {
 	sizes := map[string]uint32{
-		"frontends":     opts.FrontendsMax,
-		"backends":      opts.BackendsMax,
-		"maglev_tables": 2 * opts.ServicesMax, // a cluster-wide and a node-local table per service port
-		"source_ranges": opts.SourceRangesMax,
-		"conntrack":     opts.ConntrackMax,
-		"nat":           opts.NATMax,
-		"snat_slots":    opts.SNATSlots(),
-		"snat_hands":    opts.SNATBuckets(),
-		"affinity":      opts.AffinityMax,
-		"svc_stats":     opts.ServicesMax,
-		"svc_names":     opts.ServicesMax,
+		"frontends":          opts.FrontendsMax,
+		"backends":           opts.BackendsMax,
+		"maglev_tables":      2 * opts.ServicesMax, // a cluster-wide and a node-local table per service port
+		"source_ranges":      opts.SourceRangesMax,
+		"conntrack":          opts.ConntrackMax,
+		"nat":                opts.NATMax,
+		"snat_slots":         opts.SNATSlots(),
+		"snat_bucket_hands":  opts.SNATBuckets(),
+		"snat_backend_hands": opts.BackendsMax,
+		"affinity":           opts.AffinityMax,
+		"svc_stats":          opts.ServicesMax,
+		"svc_names":          opts.ServicesMax,
 	}
 	for name, size := range sizes {
 		m, ok := spec.Maps[name]

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
@@ -68,6 +69,39 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	}
 	if err := dp.Maps.Conntrack.Lookup(key, &e); err != nil || e.BackendId != 7 {
 		t.Fatalf("flow not carried into the resized conntrack: %+v %v", e, err)
+	}
+}
+
+// A map pinned by an earlier version that this one no longer has is
+// unpinned at load; the maps it has are adopted as usual.
+func TestLoadUnpinsRetiredMaps(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts := smallOptions(root)
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	retired, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer retired.Close()
+	path := filepath.Join(loader.Dir(root), "maps", "snat_hands")
+	if err := retired.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+
+	dp, err = loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("retired map still pinned at %s (%v)", path, err)
+	}
+	if _, err := os.Stat(filepath.Join(loader.Dir(root), "maps", "conntrack")); err != nil {
+		t.Fatalf("conntrack no longer pinned: %v", err)
 	}
 }
 

@@ -72,6 +72,28 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			return err
 		}
 	}
+	return unpinRetiredMaps(spec, dir, log)
+}
+
+// unpinRetiredMaps removes pinned maps this build no longer has (a map an
+// earlier version used), so they do not hold kernel memory until detach.
+func unpinRetiredMaps(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read pinned maps: %w", err)
+	}
+	for _, e := range entries {
+		if _, ok := spec.Maps[e.Name()]; ok {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("unpin retired map %s: %w", e.Name(), err)
+		}
+		log.Info("unpinned a map this version no longer uses", "map", e.Name())
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package xdp_test
 
 import (
 	"encoding/binary"
+	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -355,14 +356,11 @@ func TestRetransmittedSYNKeepsTheFlow(t *testing.T) {
 	}
 }
 
-// Backends that share a SNAT bucket each keep a whole port range: when the
-// bucket's slots are held by one backend's live flows, another backend's new
-// flow takes a port through the nat map, and its replies come back; the
-// first backend, whose every port is in use, is refused a port.
-func TestSNATBucketSharedByBackends(t *testing.T) {
-	const ports = 32
-	// 16 NAT entries: 32 slots, one bucket of 32 ports for every backend.
-	f := newFixture(t, withSNATRange(snatMin, snatMin+ports-1), withNATMax(16))
+// sharedBucketFixture programs NodePort 30100/TCP with two remote backends
+// (ids 21 and 22) whose SNAT ports share one bucket of `ports` slots.
+func sharedBucketFixture(t *testing.T, ports uint16) (*fixture, service) {
+	// NAT entries for half the slots: one bucket for every backend.
+	f := newFixture(t, withSNATRange(snatMin, snatMin+ports-1), withNATMax(uint32(ports/2)))
 	two := service{
 		svcID: 4, tableID: 4,
 		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.TCP}},
@@ -371,6 +369,16 @@ func TestSNATBucketSharedByBackends(t *testing.T) {
 		table:     []uint32{21, 22},
 	}
 	f.program(two)
+	return f, two
+}
+
+// Backends that share a SNAT bucket each keep a whole port range: when the
+// bucket's slots are held by one backend's live flows, another backend's new
+// flow takes a port through the nat map, and its replies come back; the
+// first backend, whose every port is in use, is refused a port.
+func TestSNATBucketSharedByBackends(t *testing.T) {
+	const ports = 32
+	f, two := sharedBucketFixture(t, ports)
 	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
 	clientPorts := func(backend uint32, n int) []uint16 {
 		var out []uint16
@@ -407,6 +415,84 @@ func TestSNATBucketSharedByBackends(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_nat_exhausted": 1}, func() {
 		f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpDrop)
 	})
+}
+
+// A bucket whose oldest slot still holds a live flow is busy: it rests,
+// and meanwhile its backends take their own ports, so a busy bucket does
+// not look up one live flow per new flow (each lookup marks a live
+// conntrack entry as recently used and skews what the LRU evicts).
+func TestBusySNATBucketRests(t *testing.T) {
+	const ports = 32
+	f, two := sharedBucketFixture(t, ports)
+	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
+	var toFirst, toSecond []uint16
+	for p := uint16(10000); len(toFirst) < ports || len(toSecond) < 8; p++ {
+		frame.SrcPort = p
+		if expectedBackend(two, frame) == 21 {
+			toFirst = append(toFirst, p)
+		} else {
+			toSecond = append(toSecond, p)
+		}
+	}
+	hand := func() xdp.NicSnatBucketHand {
+		t.Helper()
+		var h xdp.NicSnatBucketHand
+		if err := f.dp.Maps.SNATBucketHands.Lookup(uint32(0), &h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	for _, c := range toFirst[:ports] {
+		frame.SrcPort = c
+		f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpRedirect)
+	}
+	if h := hand(); h.Next != ports || h.BusyUntilNs != 0 {
+		t.Fatalf("after %d flows the bucket hand is %+v, want %d ports offered and not busy", ports, h, ports)
+	}
+
+	setRest := func(until uint64) {
+		t.Helper()
+		h := hand()
+		h.BusyUntilNs = until
+		if err := f.dp.Maps.SNATBucketHands.Put(uint32(0), h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := map[uint16]bool{}
+	newFlow := func(i int, clientPort uint16) {
+		t.Helper()
+		frame.SrcPort = clientPort
+		r := f.run(frame.Bytes(), f.nic0)
+		f.expectVerdict(r, xdpRedirect)
+		if p := decode(t, r.out).SrcPort; used[p] {
+			t.Fatalf("flow %d got SNAT port %d twice", i, p)
+		} else {
+			used[p] = true
+		}
+	}
+
+	// The next flow finds the oldest slot live: the bucket rests.
+	newFlow(0, toSecond[0])
+	if h := hand(); h.Next != ports+1 || h.BusyUntilNs == 0 {
+		t.Fatalf("after a live oldest slot the bucket hand is %+v, want one more offer and a rest", h)
+	}
+	// Flows while it rests (made long here, so the test does not race the
+	// clock) leave its hand where it is.
+	setRest(math.MaxUint64)
+	for i, c := range toSecond[1:8] {
+		newFlow(i+1, c)
+		if h := hand(); h.Next != ports+1 {
+			t.Fatalf("flow %d of a resting bucket moved its hand to %+v", i+1, h)
+		}
+	}
+
+	// Rested: the next flow tries the bucket's hand again.
+	setRest(0)
+	frame.SrcPort = toFirst[0] + 60000 - 10000 // any client: the tuple is new
+	f.run(frame.Bytes(), f.nic0)
+	if got := hand(); got.Next != ports+2 {
+		t.Fatalf("after the rest the bucket hand is %+v, want one more port offered", got)
+	}
 }
 
 // Reverse halves of SNAT flows kept in the NAT map, as a datapath before

@@ -206,6 +206,13 @@ type NicNatKey struct {
 	Pad   [3]uint8
 }
 
+type NicSnatBucketHand struct {
+	_           structs.HostLayout
+	Next        uint32
+	Pad         uint32
+	BusyUntilNs uint64
+}
+
 type NicSnatSlot struct {
 	_          structs.HostLayout
 	Rev        NicNatEntry
@@ -309,7 +316,8 @@ const (
 	NicMapIfaces           = "ifaces"
 	NicMapMaglevTables     = "maglev_tables"
 	NicMapNat              = "nat"
-	NicMapSnatHands        = "snat_hands"
+	NicMapSnatBackendHands = "snat_backend_hands"
+	NicMapSnatBucketHands  = "snat_bucket_hands"
 	NicMapSnatSlots        = "snat_slots"
 	NicMapSockFrontends    = "sock_frontends"
 	NicMapSourceRanges     = "source_ranges"
@@ -370,26 +378,27 @@ type NicProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NicMapSpecs struct {
-	Affinity      *ebpf.MapSpec `ebpf:"affinity"`
-	Agent         *ebpf.MapSpec `ebpf:"agent"`
-	Backends      *ebpf.MapSpec `ebpf:"backends"`
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	FlowScratch   *ebpf.MapSpec `ebpf:"flow_scratch"`
-	Fragments     *ebpf.MapSpec `ebpf:"fragments"`
-	FrontendPorts *ebpf.MapSpec `ebpf:"frontend_ports"`
-	Frontends     *ebpf.MapSpec `ebpf:"frontends"`
-	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
-	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
-	Nat           *ebpf.MapSpec `ebpf:"nat"`
-	SnatHands     *ebpf.MapSpec `ebpf:"snat_hands"`
-	SnatSlots     *ebpf.MapSpec `ebpf:"snat_slots"`
-	SockFrontends *ebpf.MapSpec `ebpf:"sock_frontends"`
-	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
-	Stats         *ebpf.MapSpec `ebpf:"stats"`
-	SvcNames      *ebpf.MapSpec `ebpf:"svc_names"`
-	SvcStats      *ebpf.MapSpec `ebpf:"svc_stats"`
-	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
+	Affinity         *ebpf.MapSpec `ebpf:"affinity"`
+	Agent            *ebpf.MapSpec `ebpf:"agent"`
+	Backends         *ebpf.MapSpec `ebpf:"backends"`
+	Config           *ebpf.MapSpec `ebpf:"config"`
+	Conntrack        *ebpf.MapSpec `ebpf:"conntrack"`
+	FlowScratch      *ebpf.MapSpec `ebpf:"flow_scratch"`
+	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
+	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
+	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
+	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
+	Nat              *ebpf.MapSpec `ebpf:"nat"`
+	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
+	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
+	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
+	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
+	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
+	Stats            *ebpf.MapSpec `ebpf:"stats"`
+	SvcNames         *ebpf.MapSpec `ebpf:"svc_names"`
+	SvcStats         *ebpf.MapSpec `ebpf:"svc_stats"`
+	TxPorts          *ebpf.MapSpec `ebpf:"tx_ports"`
 }
 
 // NicVariableSpecs contains global variables before they are loaded into the kernel.
@@ -419,26 +428,27 @@ func (o *NicObjects) Close() error {
 //
 // It can be passed to LoadNicObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NicMaps struct {
-	Affinity      *ebpf.Map `ebpf:"affinity"`
-	Agent         *ebpf.Map `ebpf:"agent"`
-	Backends      *ebpf.Map `ebpf:"backends"`
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	FlowScratch   *ebpf.Map `ebpf:"flow_scratch"`
-	Fragments     *ebpf.Map `ebpf:"fragments"`
-	FrontendPorts *ebpf.Map `ebpf:"frontend_ports"`
-	Frontends     *ebpf.Map `ebpf:"frontends"`
-	Ifaces        *ebpf.Map `ebpf:"ifaces"`
-	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
-	Nat           *ebpf.Map `ebpf:"nat"`
-	SnatHands     *ebpf.Map `ebpf:"snat_hands"`
-	SnatSlots     *ebpf.Map `ebpf:"snat_slots"`
-	SockFrontends *ebpf.Map `ebpf:"sock_frontends"`
-	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
-	Stats         *ebpf.Map `ebpf:"stats"`
-	SvcNames      *ebpf.Map `ebpf:"svc_names"`
-	SvcStats      *ebpf.Map `ebpf:"svc_stats"`
-	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
+	Affinity         *ebpf.Map `ebpf:"affinity"`
+	Agent            *ebpf.Map `ebpf:"agent"`
+	Backends         *ebpf.Map `ebpf:"backends"`
+	Config           *ebpf.Map `ebpf:"config"`
+	Conntrack        *ebpf.Map `ebpf:"conntrack"`
+	FlowScratch      *ebpf.Map `ebpf:"flow_scratch"`
+	Fragments        *ebpf.Map `ebpf:"fragments"`
+	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
+	Frontends        *ebpf.Map `ebpf:"frontends"`
+	Ifaces           *ebpf.Map `ebpf:"ifaces"`
+	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
+	Nat              *ebpf.Map `ebpf:"nat"`
+	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
+	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
+	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
+	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
+	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
+	Stats            *ebpf.Map `ebpf:"stats"`
+	SvcNames         *ebpf.Map `ebpf:"svc_names"`
+	SvcStats         *ebpf.Map `ebpf:"svc_stats"`
+	TxPorts          *ebpf.Map `ebpf:"tx_ports"`
 }
 
 func (m *NicMaps) Close() error {
@@ -455,7 +465,8 @@ func (m *NicMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
-		m.SnatHands,
+		m.SnatBackendHands,
+		m.SnatBucketHands,
 		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,

@@ -28,7 +28,8 @@ const (
 	NicIngressMapIfaces           = "ifaces"
 	NicIngressMapMaglevTables     = "maglev_tables"
 	NicIngressMapNat              = "nat"
-	NicIngressMapSnatHands        = "snat_hands"
+	NicIngressMapSnatBackendHands = "snat_backend_hands"
+	NicIngressMapSnatBucketHands  = "snat_bucket_hands"
 	NicIngressMapSnatSlots        = "snat_slots"
 	NicIngressMapSockFrontends    = "sock_frontends"
 	NicIngressMapSourceRanges     = "source_ranges"
@@ -89,26 +90,27 @@ type NicIngressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NicIngressMapSpecs struct {
-	Affinity      *ebpf.MapSpec `ebpf:"affinity"`
-	Agent         *ebpf.MapSpec `ebpf:"agent"`
-	Backends      *ebpf.MapSpec `ebpf:"backends"`
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	FlowScratch   *ebpf.MapSpec `ebpf:"flow_scratch"`
-	Fragments     *ebpf.MapSpec `ebpf:"fragments"`
-	FrontendPorts *ebpf.MapSpec `ebpf:"frontend_ports"`
-	Frontends     *ebpf.MapSpec `ebpf:"frontends"`
-	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
-	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
-	Nat           *ebpf.MapSpec `ebpf:"nat"`
-	SnatHands     *ebpf.MapSpec `ebpf:"snat_hands"`
-	SnatSlots     *ebpf.MapSpec `ebpf:"snat_slots"`
-	SockFrontends *ebpf.MapSpec `ebpf:"sock_frontends"`
-	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
-	Stats         *ebpf.MapSpec `ebpf:"stats"`
-	SvcNames      *ebpf.MapSpec `ebpf:"svc_names"`
-	SvcStats      *ebpf.MapSpec `ebpf:"svc_stats"`
-	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
+	Affinity         *ebpf.MapSpec `ebpf:"affinity"`
+	Agent            *ebpf.MapSpec `ebpf:"agent"`
+	Backends         *ebpf.MapSpec `ebpf:"backends"`
+	Config           *ebpf.MapSpec `ebpf:"config"`
+	Conntrack        *ebpf.MapSpec `ebpf:"conntrack"`
+	FlowScratch      *ebpf.MapSpec `ebpf:"flow_scratch"`
+	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
+	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
+	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
+	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
+	Nat              *ebpf.MapSpec `ebpf:"nat"`
+	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
+	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
+	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
+	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
+	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
+	Stats            *ebpf.MapSpec `ebpf:"stats"`
+	SvcNames         *ebpf.MapSpec `ebpf:"svc_names"`
+	SvcStats         *ebpf.MapSpec `ebpf:"svc_stats"`
+	TxPorts          *ebpf.MapSpec `ebpf:"tx_ports"`
 }
 
 // NicIngressVariableSpecs contains global variables before they are loaded into the kernel.
@@ -138,26 +140,27 @@ func (o *NicIngressObjects) Close() error {
 //
 // It can be passed to LoadNicIngressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NicIngressMaps struct {
-	Affinity      *ebpf.Map `ebpf:"affinity"`
-	Agent         *ebpf.Map `ebpf:"agent"`
-	Backends      *ebpf.Map `ebpf:"backends"`
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	FlowScratch   *ebpf.Map `ebpf:"flow_scratch"`
-	Fragments     *ebpf.Map `ebpf:"fragments"`
-	FrontendPorts *ebpf.Map `ebpf:"frontend_ports"`
-	Frontends     *ebpf.Map `ebpf:"frontends"`
-	Ifaces        *ebpf.Map `ebpf:"ifaces"`
-	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
-	Nat           *ebpf.Map `ebpf:"nat"`
-	SnatHands     *ebpf.Map `ebpf:"snat_hands"`
-	SnatSlots     *ebpf.Map `ebpf:"snat_slots"`
-	SockFrontends *ebpf.Map `ebpf:"sock_frontends"`
-	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
-	Stats         *ebpf.Map `ebpf:"stats"`
-	SvcNames      *ebpf.Map `ebpf:"svc_names"`
-	SvcStats      *ebpf.Map `ebpf:"svc_stats"`
-	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
+	Affinity         *ebpf.Map `ebpf:"affinity"`
+	Agent            *ebpf.Map `ebpf:"agent"`
+	Backends         *ebpf.Map `ebpf:"backends"`
+	Config           *ebpf.Map `ebpf:"config"`
+	Conntrack        *ebpf.Map `ebpf:"conntrack"`
+	FlowScratch      *ebpf.Map `ebpf:"flow_scratch"`
+	Fragments        *ebpf.Map `ebpf:"fragments"`
+	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
+	Frontends        *ebpf.Map `ebpf:"frontends"`
+	Ifaces           *ebpf.Map `ebpf:"ifaces"`
+	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
+	Nat              *ebpf.Map `ebpf:"nat"`
+	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
+	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
+	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
+	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
+	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
+	Stats            *ebpf.Map `ebpf:"stats"`
+	SvcNames         *ebpf.Map `ebpf:"svc_names"`
+	SvcStats         *ebpf.Map `ebpf:"svc_stats"`
+	TxPorts          *ebpf.Map `ebpf:"tx_ports"`
 }
 
 func (m *NicIngressMaps) Close() error {
@@ -174,7 +177,8 @@ func (m *NicIngressMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
-		m.SnatHands,
+		m.SnatBackendHands,
+		m.SnatBucketHands,
 		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,

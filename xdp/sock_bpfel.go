@@ -27,7 +27,8 @@ const (
 	SockMapIfaces             = "ifaces"
 	SockMapMaglevTables       = "maglev_tables"
 	SockMapNat                = "nat"
-	SockMapSnatHands          = "snat_hands"
+	SockMapSnatBackendHands   = "snat_backend_hands"
+	SockMapSnatBucketHands    = "snat_bucket_hands"
 	SockMapSnatSlots          = "snat_slots"
 	SockMapSockFrontends      = "sock_frontends"
 	SockMapSourceRanges       = "source_ranges"
@@ -94,25 +95,26 @@ type SockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockMapSpecs struct {
-	Affinity      *ebpf.MapSpec `ebpf:"affinity"`
-	Agent         *ebpf.MapSpec `ebpf:"agent"`
-	Backends      *ebpf.MapSpec `ebpf:"backends"`
-	Config        *ebpf.MapSpec `ebpf:"config"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	Fragments     *ebpf.MapSpec `ebpf:"fragments"`
-	FrontendPorts *ebpf.MapSpec `ebpf:"frontend_ports"`
-	Frontends     *ebpf.MapSpec `ebpf:"frontends"`
-	Ifaces        *ebpf.MapSpec `ebpf:"ifaces"`
-	MaglevTables  *ebpf.MapSpec `ebpf:"maglev_tables"`
-	Nat           *ebpf.MapSpec `ebpf:"nat"`
-	SnatHands     *ebpf.MapSpec `ebpf:"snat_hands"`
-	SnatSlots     *ebpf.MapSpec `ebpf:"snat_slots"`
-	SockFrontends *ebpf.MapSpec `ebpf:"sock_frontends"`
-	SourceRanges  *ebpf.MapSpec `ebpf:"source_ranges"`
-	Stats         *ebpf.MapSpec `ebpf:"stats"`
-	SvcNames      *ebpf.MapSpec `ebpf:"svc_names"`
-	SvcStats      *ebpf.MapSpec `ebpf:"svc_stats"`
-	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
+	Affinity         *ebpf.MapSpec `ebpf:"affinity"`
+	Agent            *ebpf.MapSpec `ebpf:"agent"`
+	Backends         *ebpf.MapSpec `ebpf:"backends"`
+	Config           *ebpf.MapSpec `ebpf:"config"`
+	Conntrack        *ebpf.MapSpec `ebpf:"conntrack"`
+	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
+	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
+	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
+	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
+	Nat              *ebpf.MapSpec `ebpf:"nat"`
+	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
+	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
+	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
+	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
+	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
+	Stats            *ebpf.MapSpec `ebpf:"stats"`
+	SvcNames         *ebpf.MapSpec `ebpf:"svc_names"`
+	SvcStats         *ebpf.MapSpec `ebpf:"svc_stats"`
+	TxPorts          *ebpf.MapSpec `ebpf:"tx_ports"`
 }
 
 // SockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -142,25 +144,26 @@ func (o *SockObjects) Close() error {
 //
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockMaps struct {
-	Affinity      *ebpf.Map `ebpf:"affinity"`
-	Agent         *ebpf.Map `ebpf:"agent"`
-	Backends      *ebpf.Map `ebpf:"backends"`
-	Config        *ebpf.Map `ebpf:"config"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	Fragments     *ebpf.Map `ebpf:"fragments"`
-	FrontendPorts *ebpf.Map `ebpf:"frontend_ports"`
-	Frontends     *ebpf.Map `ebpf:"frontends"`
-	Ifaces        *ebpf.Map `ebpf:"ifaces"`
-	MaglevTables  *ebpf.Map `ebpf:"maglev_tables"`
-	Nat           *ebpf.Map `ebpf:"nat"`
-	SnatHands     *ebpf.Map `ebpf:"snat_hands"`
-	SnatSlots     *ebpf.Map `ebpf:"snat_slots"`
-	SockFrontends *ebpf.Map `ebpf:"sock_frontends"`
-	SourceRanges  *ebpf.Map `ebpf:"source_ranges"`
-	Stats         *ebpf.Map `ebpf:"stats"`
-	SvcNames      *ebpf.Map `ebpf:"svc_names"`
-	SvcStats      *ebpf.Map `ebpf:"svc_stats"`
-	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
+	Affinity         *ebpf.Map `ebpf:"affinity"`
+	Agent            *ebpf.Map `ebpf:"agent"`
+	Backends         *ebpf.Map `ebpf:"backends"`
+	Config           *ebpf.Map `ebpf:"config"`
+	Conntrack        *ebpf.Map `ebpf:"conntrack"`
+	Fragments        *ebpf.Map `ebpf:"fragments"`
+	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
+	Frontends        *ebpf.Map `ebpf:"frontends"`
+	Ifaces           *ebpf.Map `ebpf:"ifaces"`
+	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
+	Nat              *ebpf.Map `ebpf:"nat"`
+	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
+	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
+	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
+	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
+	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
+	Stats            *ebpf.Map `ebpf:"stats"`
+	SvcNames         *ebpf.Map `ebpf:"svc_names"`
+	SvcStats         *ebpf.Map `ebpf:"svc_stats"`
+	TxPorts          *ebpf.Map `ebpf:"tx_ports"`
 }
 
 func (m *SockMaps) Close() error {
@@ -176,7 +179,8 @@ func (m *SockMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
-		m.SnatHands,
+		m.SnatBackendHands,
+		m.SnatBucketHands,
 		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,

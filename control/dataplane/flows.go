@@ -244,7 +244,8 @@ func (d *Dataplane) ResetFlows() error {
 		{"NAT map", func() error { return clearHash[xdp.NicNatKey, xdp.NicNatEntry](d.m.NAT) }},
 		{"affinity", func() error { return clearHash[xdp.NicAffinityKey, xdp.NicAffinityEntry](d.m.Affinity) }},
 		{"SNAT slots", func() error { return zeroArray[xdp.NicSnatSlot](d.m.SNATSlots) }},
-		{"SNAT hands", func() error { return zeroArray[uint32](d.m.SNATHands) }},
+		{"SNAT bucket hands", func() error { return zeroArray[xdp.NicSnatBucketHand](d.m.SNATBucketHands) }},
+		{"SNAT backend hands", func() error { return zeroArray[uint32](d.m.SNATBackendHands) }},
 	}
 	for _, step := range steps {
 		if err := step.clear(); err != nil {

@@ -56,6 +56,7 @@ struct icmphdr {
  * (state another CPU reads while it is rewritten). */
 #define barrier() asm volatile("" ::: "memory")
 #define READ_ONCE(x) (*(const volatile __typeof__(x) *)&(x))
+#define WRITE_ONCE(x, v) (*(volatile __typeof__(x) *)&(x) = (v))
 
 #define NSEC_PER_SEC 1000000000ULL
 

@@ -186,9 +186,9 @@ struct nat_entry {
  * 5-tuple. snat_slots holds snat_buckets copies of the SNAT port range; the
  * reply tuples of one (backend, node address, protocol) use the copy
  * chosen by a hash of that triple, shared with the other backends hashed
- * there. Each bucket hands out its ports in turn (snat_hands), so the port
- * offered next is the one held longest. When a bucket is busy, a flow's
- * reverse half goes to the nat map instead (see SNAT_SLOT_ATTEMPTS).
+ * there. A port whose slot holds another backend's reply tuple can still be
+ * this backend's: its reverse half then goes to the nat map (see
+ * snat_try_port).
  *
  * A slot is the reverse half only while its forward conntrack entry exists
  * and points back at it: evicting the forward entry frees the slot (the
@@ -400,15 +400,30 @@ struct {
 	__uint(pinning, PIN);
 } snat_slots SEC(".maps");
 
-/* Per SNAT bucket: how many ports it has handed out (mod the range: the
- * next port it offers). */
+/* Where a SNAT bucket's hand is (see SNAT_BUCKET_ATTEMPTS in nat.h). */
+struct snat_bucket_hand {
+	__u32 next;           /* slots offered so far; mod the range: the next */
+	__u32 pad;
+	__u64 busy_until_ns;  /* the slot offered last was live: rest until then */
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 64);
 	__type(key, __u32);
+	__type(value, struct snat_bucket_hand);
+	__uint(pinning, PIN);
+} snat_bucket_hands SEC(".maps");
+
+/* Per backend id: how many SNAT ports its flows were offered (from where
+ * the backend starts in the range, mod the range: the next port offered). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
 	__type(value, __u32);
 	__uint(pinning, PIN);
-} snat_hands SEC(".maps");
+} snat_backend_hands SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

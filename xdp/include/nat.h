@@ -22,23 +22,40 @@
 #include "conntrack.h"
 
 /*
- * A SNAT flow claims its port in two ways. First its bucket's slots, oldest
- * first (SNAT_SLOT_ATTEMPTS of them): the port held longest has almost
- * always lost its flow already. Checking whether a taken slot's flow still
- * lives means looking up its conntrack entry, which marks an LRU entry as
- * recently used; random probing hit live flows on most tries, and with
- * conntrack at capacity those marks made the LRU scan long lists on every
- * insert (new flows slowed from under 1 us to 80-150 us in
- * BenchmarkDatapath), so the slot path gives up after a few tries. Then,
- * when the bucket is busy (long-lived flows, or several busy backends
- * hashed to it), the nat map, as flows without SNAT: ports of the
- * backend's own range at random (SNAT_PORT_ATTEMPTS of them), skipping
- * those a slot holds for the same backend. So every backend keeps a whole
- * range per node address; with 78% of it in use, 0.03% of new flows find
- * no port (16 tries: 1.9%), a counted drop.
+ * A SNAT flow claims its port by trying ports in three ways, in turn:
+ *
+ * 1. The next slot of its bucket's hand (snat_bucket_hands), which offers
+ *    the bucket's slots in turn, so the slot offered is the one held longest
+ *    and its flow is almost always gone: the reverse half then lives in the
+ *    slot and the flow costs one LRU insert. This is the common case: many
+ *    backends share a bucket, none holds many ports.
+ * 2. When that slot's flow still lives, the bucket is busy (busy backends
+ *    share it, or it holds long-lived flows): it rests for
+ *    SNAT_BUCKET_REST_NS, and meanwhile its flows try SNAT_BACKEND_ATTEMPTS
+ *    ports from their backend's own hand (snat_backend_hands). A free slot
+ *    is taken; a port whose slot another backend's flow holds is still free
+ *    for this backend, in the nat map; a port whose slot this backend's flow
+ *    holds is skipped.
+ * 3. SNAT_RANDOM_ATTEMPTS ports at random, for a backend whose oldest flows
+ *    are long-lived. With 78% of every range in use and conntrack full,
+ *    about one new flow in 100k finds no port (a counted drop).
+ *
+ * Whether a port's holder still lives takes a conntrack lookup, and every
+ * lookup of a live entry marks it recently used, so lookups must not hit
+ * live flows on every claim, least of all some backends' flows more than
+ * others'. When the backends of a busy bucket probed their own live flows
+ * at random, the LRU kept their flows and evicted other backends', and the
+ * busy backends ran out of ports (4% of new flows refused, 78% of every
+ * range in use, conntrack full), and the marks made every insert scan long
+ * LRU lists (new flows 3-5x slower). A busy bucket whose hand probed on
+ * every claim did the same, less (0.6%). So step 1 looks up the oldest
+ * holder, which is mostly gone, a busy bucket rests instead of probing, and
+ * step 2 looks up no slot holder at all.
  */
-#define SNAT_SLOT_ATTEMPTS 4
-#define SNAT_PORT_ATTEMPTS 32
+#define SNAT_BUCKET_ATTEMPTS 1
+#define SNAT_BUCKET_REST_NS (1000 * 1000ULL)
+#define SNAT_BACKEND_ATTEMPTS 4
+#define SNAT_RANDOM_ATTEMPTS 32
 
 /* The reply tuple a backend sends for a forward entry. */
 static __always_inline void nat_key_of(const struct ct_key *flow, const struct ct_entry *ct,
@@ -179,24 +196,23 @@ static __always_inline struct snat_slot *snat_slot_of(const struct nat_key *key,
 }
 
 /*
- * May a claimed slot be taken for the flow `flow`? Yes when it is free,
- * already this flow's (its forward entry was evicted and is coming back),
- * or its forward entry is gone, expired, or translates elsewhere now.
+ * May the reverse half `rev` of reply tuple `key` be taken over by the flow
+ * `flow`? Yes when it is already this flow's (its forward entry was evicted
+ * and is coming back), or its flow's forward entry is gone, expired, or
+ * translates elsewhere now.
  */
-static __always_inline int snat_slot_reclaimable(const struct snat_slot *slot,
-						 const struct ct_key *flow,
-						 const struct datapath_config *cfg, __u64 now)
+static __always_inline int snat_holder_gone(const struct nat_key *key, const struct nat_entry *rev,
+					    const struct ct_key *flow,
+					    const struct datapath_config *cfg, __u64 now)
 {
 	struct ct_key owner;
 	struct ct_entry *ct;
 
-	if (!slot->key.proto)
+	if (nat_entry_matches(rev, flow) && key->proto == flow->proto)
 		return 1;
-	if (nat_entry_matches(&slot->rev, flow) && slot->key.proto == flow->proto)
-		return 1;
-	ct_key_of_nat(&slot->key, &slot->rev, &owner);
+	ct_key_of_nat(key, rev, &owner);
 	ct = bpf_map_lookup_elem(&conntrack, &owner);
-	return !ct || !(ct->flags & CT_F_SNAT) || !ct_answers_to(ct, &slot->key) ||
+	return !ct || !(ct->flags & CT_F_SNAT) || !ct_answers_to(ct, key) ||
 	       ct_expired(ct, owner.proto, cfg, now);
 }
 
@@ -265,141 +281,180 @@ static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *ke
 	return bpf_map_lookup_elem(&nat, key);
 }
 
-/* Claim a slot of the flow's bucket, oldest first. 0 on success. */
-static __always_inline int snat_claim_slot(const struct ct_key *flow, struct ct_entry *ct,
-					   const struct datapath_config *cfg, __u64 now,
-					   struct nat_key *key, const struct nat_entry *entry)
-{
-	__u32 range = snat_range(cfg), bucket = snat_bucket(key, cfg->snat_buckets), *hand;
-
-	hand = bpf_map_lookup_elem(&snat_hands, &bucket);
-	if (!hand)
-		return -1;
-	for (__u32 i = 0; i < SNAT_SLOT_ATTEMPTS; i++) {
-		__u32 offset = __sync_fetch_and_add(hand, 1) % range;
-		__u32 index = bucket * range + offset;
-		struct snat_slot *slot = bpf_map_lookup_elem(&snat_slots, &index);
-		__u32 generation;
-
-		if (!slot)
-			return -1;
-		ct->nat_port = bpf_htons((__u16)(cfg->snat_port_min + offset));
-		key->dport = ct->nat_port;
-		generation = READ_ONCE(slot->generation);
-		if (!snat_slot_reclaimable(slot, flow, cfg, now))
-			continue;
-		/* A flow of the same backend that went to the nat map may use
-		 * this port. */
-		if (bpf_map_lookup_elem(&nat, key))
-			continue;
-		if (snat_slot_take(slot, generation, key, entry) == 0)
-			return 0;
-	}
-	return -1;
-}
-
-/* State of the random port search in the nat map (a bpf_loop callback's). */
-struct snat_search {
-	struct nat_key key;
-	struct nat_entry entry;
-	__u32 base;      /* hash the ports are drawn from */
-	__u32 port_min;
-	__u32 range;
-	__u32 buckets;
-	long result;     /* 0: claimed key.dport; -1: none free; -2: no room */
+enum snat_try {
+	SNAT_CLAIMED = 0,
+	SNAT_BUSY = 1,    /* the port is in use for this backend */
+	SNAT_NO_ROOM = 2, /* the nat map refused the entry */
 };
 
-/* The slot a SNAT search's key would use. */
-static __always_inline struct snat_slot *snat_search_slot(const struct snat_search *s)
-{
-	__u32 index = snat_slot_index(&s->key, s->port_min, s->range, s->buckets);
+/* Which hand offered a port (see SNAT_BUCKET_ATTEMPTS). */
+enum snat_way {
+	SNAT_BY_BUCKET,  /* the bucket's oldest slot: taken if its flow is gone */
+	SNAT_BY_BACKEND, /* the backend's oldest port: a held slot is not looked at */
+	SNAT_AT_RANDOM,  /* any port of the backend's: its own holder looked up */
+};
 
-	return bpf_map_lookup_elem(&snat_slots, &index);
-}
-
-/* One try of the search: port number i of the backend's random order. */
-static long snat_search_try(__u32 i, void *ctx)
+/*
+ * Claim SNAT port key->dport for the flow `flow` whose reverse half is
+ * `entry`: in its slot when the slot is free or its flow is gone, or, when
+ * the slot holds another backend's reply tuple (a backend sharing the
+ * bucket), in the nat map, where the port may still be free for this
+ * backend. A reply tuple is never held in both places.
+ */
+static __always_inline enum snat_try snat_try_port(const struct nat_key *key,
+						   const struct nat_entry *entry,
+						   const struct ct_key *flow,
+						   const struct datapath_config *cfg, __u64 now,
+						   enum snat_way way)
 {
-	struct snat_search *s = ctx;
+	struct snat_slot *slot = snat_slot_of(key, cfg);
 	struct nat_entry *found;
-	struct snat_slot *slot;
+	__u32 generation;
+	int in_slot;
 	long err;
 
-	/* Independent pseudo-random ports: a fixed stride would cluster like
-	 * linear probing and fail early. */
-	s->key.dport = bpf_htons((__u16)(s->port_min + hash_3words(s->base, i, 0, 0) % s->range));
-	slot = snat_search_slot(s);
 	if (!slot)
-		return 0;
-	if (snat_slot_holds(slot, &s->key)) {
-		/* A slot holds this port for the backend: free only if its
-		 * flow's conntrack entry is gone or translates elsewhere now,
-		 * and then it is taken as a slot (the nat map must not hold
-		 * the same tuple). */
-		struct ct_key owner;
-		struct ct_entry *ct;
-		__u32 generation = READ_ONCE(slot->generation);
+		return SNAT_BUSY;
+	generation = READ_ONCE(slot->generation);
+	if (!slot->key.proto) {
+		in_slot = 1;
+	} else if (snat_slot_holds(slot, key)) {
+		/* This backend's own port: its oldest when the backend's hand
+		 * offers it, and that hand runs while the bucket is busy, so
+		 * its holders are left alone then (no lookups of live flows). */
+		if (way == SNAT_BY_BACKEND ||
+		    !snat_holder_gone(&slot->key, &slot->rev, flow, cfg, now))
+			return SNAT_BUSY;
+		in_slot = 1;
+	} else if (way == SNAT_BY_BUCKET) {
+		if (!snat_holder_gone(&slot->key, &slot->rev, flow, cfg, now))
+			return SNAT_BUSY;
+		in_slot = 1;
+	} else {
+		in_slot = 0;
+	}
 
-		ct_key_of_nat(&slot->key, &slot->rev, &owner);
-		ct = bpf_map_lookup_elem(&conntrack, &owner);
-		if (ct && (ct->flags & CT_F_SNAT) && ct_answers_to(ct, &slot->key))
-			return 0;
-		if (snat_slot_take(slot, generation, &s->key, &s->entry))
-			return 0;
-		s->result = 0;
-		return 1;
+	found = bpf_map_lookup_elem(&nat, key);
+	if (found && !snat_holder_gone(key, found, flow, cfg, now))
+		return SNAT_BUSY;
+	if (in_slot) {
+		if (found)
+			bpf_map_delete_elem(&nat, key);
+		return snat_slot_take(slot, generation, key, entry) ? SNAT_BUSY : SNAT_CLAIMED;
 	}
 	/* Look before inserting: a failed LRU insert may evict a live entry
-	 * to make room it then does not use. An entry whose flow is gone
-	 * (evicted from conntrack while its reverse half stayed) is stale:
-	 * the port is free and the entry is replaced. */
-	found = bpf_map_lookup_elem(&nat, &s->key);
-	if (found) {
-		struct ct_key owner;
-		struct ct_entry *ct;
-
-		ct_key_of_nat(&s->key, found, &owner);
-		ct = bpf_map_lookup_elem(&conntrack, &owner);
-		if (ct && (ct->flags & CT_F_SNAT) && ct_answers_to(ct, &s->key))
-			return 0;
-		err = bpf_map_update_elem(&nat, &s->key, &s->entry, BPF_EXIST);
-	} else {
-		err = bpf_map_update_elem(&nat, &s->key, &s->entry, BPF_NOEXIST);
-	}
+	 * to make room it then does not use. */
+	err = bpf_map_update_elem(&nat, key, entry, found ? BPF_EXIST : BPF_NOEXIST);
 	if (err == -17 /* EEXIST */ || err == -2 /* ENOENT: evicted meanwhile */)
-		return 0;
-	s->result = err ? -2 : 0;
-	return 1;
+		return SNAT_BUSY;
+	return err ? SNAT_NO_ROOM : SNAT_CLAIMED;
 }
 
-/* Claim a port of the backend's range in the nat map, at random (through
- * bpf_loop, so the verifier checks one try, not SNAT_PORT_ATTEMPTS). 0 on
- * success, -1 when no port was free, -2 when there was no room. */
-static __always_inline int snat_claim_nat(const struct ct_key *flow, struct ct_entry *ct,
-					  const struct datapath_config *cfg, struct nat_key *key,
-					  const struct nat_entry *entry)
+/* State of a SNAT port claim (a bpf_loop callback's). */
+struct snat_claim {
+	const struct ct_key *flow;
+	const struct datapath_config *cfg;
+	__u64 now;
+	struct nat_key *key;            /* its dport is the port tried */
+	const struct nat_entry *entry;
+	__u32 bucket;
+	__u32 backend_id;
+	__u32 start;     /* where this backend's hand starts in the range */
+	__u32 random;    /* hash the random ports are drawn from */
+	__u32 range;
+	int result;      /* 0: claimed key->dport; -1: none free; -2: no room */
+};
+
+/* Record a try's outcome; 1 (stop the loop) once the claim is decided. */
+static __always_inline long snat_claim_done(struct snat_claim *c, enum snat_try tried)
 {
-	struct snat_search s = {
-		.key = *key,
-		.entry = *entry,
-		.base = flow_hash(flow->saddr, flow->daddr, flow->sport, flow->dport, flow->proto,
-				  cfg->hash_seed ^ 0x5a5a5a5a),
-		.port_min = cfg->snat_port_min,
+	switch (tried) {
+	case SNAT_CLAIMED:
+		c->result = 0;
+		return 1;
+	case SNAT_NO_ROOM:
+		c->result = -2;
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* Try number i of a claim: see SNAT_BUCKET_ATTEMPTS. */
+static long snat_claim_try(__u32 i, void *ctx)
+{
+	struct snat_claim *c = ctx;
+	struct snat_bucket_hand *bucket;
+	enum snat_try tried;
+	enum snat_way way;
+	__u32 offset, *hand;
+
+	bucket = bpf_map_lookup_elem(&snat_bucket_hands, &c->bucket);
+	if (!bucket)
+		return 1;
+	if (i < SNAT_BUCKET_ATTEMPTS) {
+		if (c->now < READ_ONCE(bucket->busy_until_ns))
+			return 0;
+		offset = __sync_fetch_and_add(&bucket->next, 1) % c->range;
+		c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
+		tried = snat_try_port(c->key, c->entry, c->flow, c->cfg, c->now, SNAT_BY_BUCKET);
+		if (tried == SNAT_BUSY)
+			WRITE_ONCE(bucket->busy_until_ns, c->now + SNAT_BUCKET_REST_NS);
+		return snat_claim_done(c, tried);
+	}
+	if (i < SNAT_BUCKET_ATTEMPTS + SNAT_BACKEND_ATTEMPTS) {
+		hand = bpf_map_lookup_elem(&snat_backend_hands, &c->backend_id);
+		if (!hand)
+			return 0;
+		offset = (c->start + __sync_fetch_and_add(hand, 1)) % c->range;
+		way = SNAT_BY_BACKEND;
+	} else {
+		/* Independent pseudo-random ports: a fixed stride would
+		 * cluster like linear probing and fail early. */
+		offset = hash_3words(c->random, i, 0, 0) % c->range;
+		way = SNAT_AT_RANDOM;
+	}
+	c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
+	return snat_claim_done(c, snat_try_port(c->key, c->entry, c->flow, c->cfg, c->now, way));
+}
+
+/*
+ * Claim a SNAT port for a new flow (through bpf_loop, so the verifier checks
+ * one try, not all of them). 0 on success, -1 when no port was free, -2
+ * when there was no room.
+ */
+static __always_inline int snat_claim(const struct ct_key *flow, struct ct_entry *ct,
+				      const struct datapath_config *cfg, __u64 now,
+				      struct nat_key *key, const struct nat_entry *entry)
+{
+	struct snat_claim c = {
+		.flow = flow,
+		.cfg = cfg,
+		.now = now,
+		.key = key,
+		.entry = entry,
+		.bucket = snat_bucket(key, cfg->snat_buckets),
+		.backend_id = ct->backend_id,
 		.range = snat_range(cfg),
-		.buckets = cfg->snat_buckets,
 		.result = -1,
 	};
 
-	bpf_loop(SNAT_PORT_ATTEMPTS, snat_search_try, &s, 0);
-	if (s.result == 0)
-		ct->nat_port = s.key.dport;
-	return s.result;
+	/* Backends sharing a bucket start their hands apart, so they do not
+	 * chase each other through the same slots. */
+	c.start = hash_3words(ct->backend_id, 0, 0, 0) % c.range;
+	c.random = flow_hash(flow->saddr, flow->daddr, flow->sport, flow->dport, flow->proto,
+			     cfg->hash_seed ^ 0x5a5a5a5a);
+	bpf_loop(SNAT_BUCKET_ATTEMPTS + SNAT_BACKEND_ATTEMPTS + SNAT_RANDOM_ATTEMPTS, snat_claim_try,
+		 &c, 0);
+	if (c.result == 0)
+		ct->nat_port = key->dport;
+	return c.result;
 }
 
 /*
  * Claim the reverse half for a new flow. Without SNAT the reply tuple is
- * fixed and gets a nat map entry. With SNAT, a port is claimed as the
- * comment on SNAT_SLOT_ATTEMPTS says.
+ * fixed and gets a nat map entry; with SNAT a port is claimed as the
+ * comment on SNAT_BUCKET_ATTEMPTS says.
  * Returns 0 on success, -1 when no port was free, -2 when there was no room.
  */
 static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry *ct,
@@ -414,9 +469,7 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 		return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) ? -2 : 0;
 	if (cfg->snat_port_max < cfg->snat_port_min)
 		return -1;
-	if (snat_claim_slot(flow, ct, cfg, now, &key, &entry) == 0)
-		return 0;
-	return snat_claim_nat(flow, ct, cfg, &key, &entry);
+	return snat_claim(flow, ct, cfg, now, &key, &entry);
 }
 
 /* Forget the reverse half of a forward entry, if it is still ours. */
