@@ -2,7 +2,6 @@ package xdp_test
 
 import (
 	"encoding/binary"
-	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -446,18 +445,10 @@ func TestBusySNATBucketRests(t *testing.T) {
 		frame.SrcPort = c
 		f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpRedirect)
 	}
-	if h := hand(); h.Next != ports || h.BusyUntilNs != 0 {
+	if h := hand(); h.Next != ports || h.Rest != 0 {
 		t.Fatalf("after %d flows the bucket hand is %+v, want %d ports offered and not busy", ports, h, ports)
 	}
 
-	setRest := func(until uint64) {
-		t.Helper()
-		h := hand()
-		h.BusyUntilNs = until
-		if err := f.dp.Maps.SNATBucketHands.Put(uint32(0), h); err != nil {
-			t.Fatal(err)
-		}
-	}
 	used := map[uint16]bool{}
 	newFlow := func(i int, clientPort uint16) {
 		t.Helper()
@@ -471,27 +462,31 @@ func TestBusySNATBucketRests(t *testing.T) {
 		}
 	}
 
-	// The next flow finds the oldest slot live: the bucket rests.
+	// The next flow finds the oldest slots live: the bucket rests.
 	newFlow(0, toSecond[0])
-	if h := hand(); h.Next != ports+1 || h.BusyUntilNs == 0 {
-		t.Fatalf("after a live oldest slot the bucket hand is %+v, want one more offer and a rest", h)
+	rested := hand()
+	if rested.Next != ports+2 || rested.Rest <= 0 {
+		t.Fatalf("after two live oldest slots the bucket hand is %+v, want two more offers and a rest", rested)
 	}
-	// Flows while it rests (made long here, so the test does not race the
-	// clock) leave its hand where it is.
-	setRest(math.MaxUint64)
+	// Flows while it rests leave its hand where it is.
 	for i, c := range toSecond[1:8] {
 		newFlow(i+1, c)
-		if h := hand(); h.Next != ports+1 {
-			t.Fatalf("flow %d of a resting bucket moved its hand to %+v", i+1, h)
+		if h := hand(); h.Next != ports+2 || h.Rest != rested.Rest-int32(i+1) {
+			t.Fatalf("flow %d of a resting bucket left its hand at %+v, want %d offered and %d claims to rest",
+				i+1, h, ports+2, rested.Rest-int32(i+1))
 		}
 	}
 
-	// Rested: the next flow tries the bucket's hand again.
-	setRest(0)
+	// Rested: the next flow tries the bucket's hand again, finds its
+	// oldest slots still live, and the bucket rests again.
+	rested.Rest = 0
+	if err := f.dp.Maps.SNATBucketHands.Put(uint32(0), rested); err != nil {
+		t.Fatal(err)
+	}
 	frame.SrcPort = toFirst[0] + 60000 - 10000 // any client: the tuple is new
 	f.run(frame.Bytes(), f.nic0)
-	if got := hand(); got.Next != ports+2 {
-		t.Fatalf("after the rest the bucket hand is %+v, want one more port offered", got)
+	if got := hand(); got.Next != ports+4 || got.Rest <= 0 {
+		t.Fatalf("after the rest the bucket hand is %+v, want two more ports offered and a new rest", got)
 	}
 }
 

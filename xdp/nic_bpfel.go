@@ -207,10 +207,9 @@ type NicNatKey struct {
 }
 
 type NicSnatBucketHand struct {
-	_           structs.HostLayout
-	Next        uint32
-	Pad         uint32
-	BusyUntilNs uint64
+	_    structs.HostLayout
+	Next uint32
+	Rest int32
 }
 
 type NicSnatSlot struct {

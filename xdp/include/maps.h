@@ -402,9 +402,8 @@ struct {
 
 /* Where a SNAT bucket's hand is (see SNAT_BUCKET_ATTEMPTS in nat.h). */
 struct snat_bucket_hand {
-	__u32 next;           /* slots offered so far; mod the range: the next */
-	__u32 pad;
-	__u64 busy_until_ns;  /* the slot offered last was live: rest until then */
+	__u32 next; /* slots offered so far; mod the range: the next */
+	__s32 rest; /* claims left that skip this hand (it offered live slots) */
 };
 
 struct {
