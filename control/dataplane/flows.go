@@ -232,6 +232,11 @@ func (d *Dataplane) ReverseEntries() (int, error) {
 	return n, err
 }
 
+// FlowEntries counts the forward halves: conntrack's entries.
+func (d *Dataplane) FlowEntries() (int, error) {
+	return countEntries[xdp.NicCtKey, xdp.NicCtEntry](d.m.Conntrack)
+}
+
 // ResetFlows forgets every tracked flow: conntrack, both kinds of reverse
 // halves, SNAT port hands and ClientIP affinity. Flows in progress start
 // over as new ones.

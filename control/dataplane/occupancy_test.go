@@ -45,6 +45,9 @@ func TestOccupancyCountsFlowMaps(t *testing.T) {
 	if n, err := d.ReverseEntries(); err != nil || n != flows+slots {
 		t.Errorf("reverse halves: %d (%v), want %d", n, err, flows+slots)
 	}
+	if n, err := d.FlowEntries(); err != nil || n != flows {
+		t.Errorf("forward halves: %d (%v), want %d", n, err, flows)
+	}
 
 	if err := d.ResetFlows(); err != nil {
 		t.Fatal(err)

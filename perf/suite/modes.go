@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/xdplb/xdplb/control/dataplane"
@@ -318,27 +317,9 @@ func (m *xdplbMode) reset(context.Context, *env) error {
 	return dataplane.New(m.maps).ResetFlows()
 }
 
-const mapBatch = 4096
-
-// countEntries counts a hash map's entries in batches.
-func countEntries[K, V any](m *ebpf.Map) (int, error) {
-	keys, vals := make([]K, mapBatch), make([]V, mapBatch)
-	var cursor ebpf.MapBatchCursor
-	total := 0
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		total += n
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
-}
-
 func (m *xdplbMode) observe(context.Context, *env) (*observation, error) {
-	counters, err := dataplane.New(m.maps).Counters()
+	dp := dataplane.New(m.maps)
+	counters, err := dp.Counters()
 	if err != nil {
 		return nil, err
 	}
@@ -348,10 +329,10 @@ func (m *xdplbMode) observe(context.Context, *env) (*observation, error) {
 			o.counters[m.names[i]] = c.Packets
 		}
 	}
-	if o.ctEntries, err = countEntries[xdp.NicCtKey, xdp.NicCtEntry](m.maps.Conntrack); err != nil {
+	if o.ctEntries, err = dp.FlowEntries(); err != nil {
 		return nil, fmt.Errorf("count conntrack: %w", err)
 	}
-	if o.natEnts, err = dataplane.New(m.maps).ReverseEntries(); err != nil {
+	if o.natEnts, err = dp.ReverseEntries(); err != nil {
 		return nil, fmt.Errorf("count reverse NAT halves: %w", err)
 	}
 	return o, nil
