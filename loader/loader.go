@@ -190,6 +190,7 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 		d.Close()
 		return nil, err
 	}
+	unpinRetiredMaps(mapsDir(opts.PinRoot), log)
 	return d, nil
 }
 

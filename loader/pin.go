@@ -72,29 +72,37 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			return err
 		}
 	}
-	return unpinRetiredMaps(spec, dir, log)
+	return nil
 }
 
-// unpinRetiredMaps removes pinned maps this build no longer has (a map an
-// earlier version used), so they do not hold kernel memory until detach.
-func unpinRetiredMaps(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) error {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+// retiredMaps are maps earlier versions pinned that this one no longer has.
+func retiredMaps() []string {
+	return []string{
+		"snat_hands", // per-bucket SNAT hands, now snat_bucket_hands and snat_backend_hands
 	}
-	if err != nil {
-		return fmt.Errorf("read pinned maps: %w", err)
-	}
-	for _, e := range entries {
-		if _, ok := spec.Maps[e.Name()]; ok {
+}
+
+// unpinRetiredMaps removes the pins of retiredMaps(), once this version has
+// loaded, so they do not hold kernel memory until the next detach. A pin
+// that is not a map is left alone; failures are logged, not fatal.
+func unpinRetiredMaps(dir string, log *slog.Logger) {
+	for _, name := range retiredMaps() {
+		path := filepath.Join(dir, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
-			return fmt.Errorf("unpin retired map %s: %w", e.Name(), err)
+		if err != nil {
+			log.Warn("a retired map's pin could not be opened; left in place", "path", path, "err", err)
+			continue
 		}
-		log.Info("unpinned a map this version no longer uses", "map", e.Name())
+		m.Close()
+		if err := os.Remove(path); err != nil {
+			log.Warn("could not unpin a retired map", "path", path, "err", err)
+			continue
+		}
+		log.Info("unpinned a map this version no longer uses", "map", name)
 	}
-	return nil
 }
 
 func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
@@ -162,6 +170,9 @@ func copySNATSlots(from, to *ebpf.Map, opts Options) (copied, skipped int) {
 			skipped++
 			continue
 		}
+		// A claim under way in the running datapath may have it
+		// locked; the copy starts unlocked.
+		slot.Generation &^= xdp.SNATSlotLocked
 		if err := to.Put(at, slot); err != nil {
 			skipped++
 			continue

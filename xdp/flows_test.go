@@ -316,6 +316,76 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 	}
 }
 
+// A SNAT port whose slot another CPU has locked (claiming or releasing
+// that port right now) is passed over, not taken.
+func TestLockedSNATSlotIsSkipped(t *testing.T) {
+	f := newFixture(t, withSNATRange(snatMin, snatMin+1)) // two ports to the only backend
+	f.program(oneRemoteBackend())
+	// The bucket's hand offers snatMin first: lock its slot.
+	index := xdp.SNATSlot(netip.AddrPortFrom(remotePod1, podPort), nic1Addr, snatMin, packet.TCP,
+		snatMin, snatMin+1, f.dp.Options().SNATBuckets())
+	var slot xdp.NicSnatSlot
+	if err := f.dp.Maps.SNATSlots.Lookup(index, &slot); err != nil {
+		t.Fatal(err)
+	}
+	slot.Generation |= xdp.SNATSlotLocked
+	if err := f.dp.Maps.SNATSlots.Put(index, slot); err != nil {
+		t.Fatal(err)
+	}
+	r := f.run(tcpFrame(clientAddr, 6001, nodeAddr, 30100, packet.SYN, "").Bytes(), f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+	if got := decode(t, r.out).SrcPort; got != snatMin+1 {
+		t.Fatalf("new flow got SNAT port %d, want %d: %d is locked", got, snatMin+1, snatMin)
+	}
+
+	slot.Generation &^= xdp.SNATSlotLocked
+	if err := f.dp.Maps.SNATSlots.Put(index, slot); err != nil {
+		t.Fatal(err)
+	}
+	r = f.run(tcpFrame(clientAddr, 6002, nodeAddr, 30100, packet.SYN, "").Bytes(), f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+	if got := decode(t, r.out).SrcPort; got != snatMin {
+		t.Fatalf("new flow got SNAT port %d, want %d, unlocked again", got, snatMin)
+	}
+}
+
+// A SYN that reuses the tuple of a flow whose conntrack entry expired may
+// get the old flow's SNAT port back; replacing the old entry must then not
+// release the reverse half the new flow just took over.
+func TestReusedTupleKeepsItsReverseHalf(t *testing.T) {
+	f := newFixture(t, withSNATRange(snatMin, snatMin)) // one port: the new flow gets the old one's
+	f.program(oneRemoteBackend())
+	syn := tcpFrame(clientAddr, 6001, nodeAddr, 30100, packet.SYN, "").Bytes()
+	r := f.run(syn, f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+
+	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
+		Sport: xdp.PortToNet(6001), Dport: xdp.PortToNet(30100), Proto: packet.TCP}
+	var e xdp.NicCtEntry
+	if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
+		t.Fatal(err)
+	}
+	e.LastSeenNs -= uint64(2 * time.Hour) // past the opening timeout
+	if err := f.dp.Maps.Conntrack.Put(raw, e); err != nil {
+		t.Fatal(err)
+	}
+
+	r = f.run(syn, f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+	if got := decode(t, r.out).SrcPort; got != snatMin {
+		t.Fatalf("new flow got SNAT port %d, want %d", got, snatMin)
+	}
+	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort,
+		DstPort: snatMin, Flags: packet.SYN | packet.ACK}
+	r = f.run(reply.Bytes(), f.nic1)
+	if r.verdict == xdpPass {
+		t.Fatalf("the reply was not translated: the new flow lost its reverse half")
+	}
+	if back := decode(t, r.out); back.Dst != clientAddr || back.DstPort != 6001 {
+		t.Fatalf("reply translated to %s:%d, want %s:6001", back.Dst, back.DstPort, clientAddr)
+	}
+}
+
 // A retransmitted SYN follows the flow its first copy started and leaves
 // that flow's reverse half alone, whether it is a SNAT slot or a NAT map
 // entry (a local backend, DNAT only).

@@ -46,6 +46,11 @@ func ClientHash(client netip.Addr, seed uint32) uint32 {
 	return hash3Words(addrWord(client), 0, 0, seed)
 }
 
+// SNATSlotLocked is the lock bit of a snat_slot's generation
+// (SNAT_SLOT_LOCKED in include/nat.h): set only while a program claims or
+// releases the slot's port.
+const SNATSlotLocked = 1 << 31
+
 // SNATSlot is the index in the snat_slots map of the reverse half of a
 // SNAT flow (snat_slot_of in include/nat.h): the reply tuple from backend
 // to natAddr:port, with buckets copies of the SNAT range [portMin, portMax].

@@ -237,7 +237,9 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 			*ctp = ct;
 			return FLOW_TRACKED;
 		}
-		if (ct)
+		/* The dead entry's reverse half goes, unless the claim took
+		 * it over (the same port of the same backend came round). */
+		if (ct && !ct_same_reverse(fresh, ct))
 			nat_release(&res->key, ct);
 		if (bpf_map_update_elem(&conntrack, &res->key, fresh, BPF_ANY)) {
 			nat_release(&res->key, fresh);

@@ -193,8 +193,9 @@ struct nat_entry {
  * A slot is the reverse half only while its forward conntrack entry exists
  * and points back at it: evicting the forward entry frees the slot (the
  * next claim that reaches it takes it), and a slot is never evicted alone.
- * key.proto == 0 marks a free slot; generation is bumped by every claim and
- * release with compare-and-swap, so two CPUs never take the same slot.
+ * key.proto == 0 marks a free slot. The top bit of generation locks the
+ * slot's port while a program claims or releases it (compare-and-swap), so
+ * two CPUs never claim one reply tuple; the other bits count lockings.
  */
 struct snat_slot {
 	struct nat_entry rev;

@@ -5,12 +5,13 @@
  *
  * Every translated flow has two halves: the forward conntrack entry (client
  * tuple -> backend, NAT source) and a reverse entry (reply tuple -> client
- * and frontend). Each holds enough to rebuild the other. SNAT flows keep
- * their reverse half in the slot of their SNAT port (struct snat_slot),
- * which lives exactly as long as the forward entry points at it; flows
- * without SNAT (DNAT to a local backend) keep it in the nat LRU hash, and
- * the two halves check each other once a second, so an LRU eviction of one
- * is repaired instead of leaving the other dangling.
+ * and frontend). Each holds enough to rebuild the other. SNAT flows mostly
+ * keep their reverse half in the slot of their SNAT port (struct
+ * snat_slot), which lives exactly as long as the forward entry points at
+ * it; flows without SNAT (DNAT to a local backend), and SNAT flows whose
+ * port's slot another backend's flow holds, keep it in the nat LRU hash,
+ * and the two halves check each other once a second, so an LRU eviction of
+ * one is repaired instead of leaving the other dangling.
  */
 #ifndef XDPLB_NAT_H
 #define XDPLB_NAT_H
@@ -200,33 +201,57 @@ static __always_inline struct snat_slot *snat_slot_of(const struct nat_key *key,
 }
 
 /*
- * May the reverse half `rev` of reply tuple `key` be taken over by the flow
- * `flow`? Yes when it is already this flow's (its forward entry was evicted
- * and is coming back), or its flow's forward entry is gone, expired, or
- * translates elsewhere now.
+ * Is the flow whose reverse half `rev` of reply tuple `key` is gone: its
+ * forward entry missing, expired, or translating elsewhere now? (A flow
+ * coming back after its forward entry was evicted finds its old reverse
+ * half gone too; one whose entry is still there must not take it over.)
  */
 static __always_inline int snat_holder_gone(const struct nat_key *key, const struct nat_entry *rev,
-					    const struct ct_key *flow,
 					    const struct datapath_config *cfg, __u64 now)
 {
 	struct ct_key owner;
 	struct ct_entry *ct;
 
-	if (nat_entry_matches(rev, flow) && key->proto == flow->proto)
-		return 1;
 	ct_key_of_nat(key, rev, &owner);
 	ct = bpf_map_lookup_elem(&conntrack, &owner);
 	return !ct || !(ct->flags & CT_F_SNAT) || !ct_answers_to(ct, key) ||
 	       ct_expired(ct, owner.proto, cfg, now);
 }
 
-/* Take a slot last seen at `generation`; fails if another CPU was first. */
-static __always_inline int snat_slot_take(struct snat_slot *slot, __u32 generation,
-					  const struct nat_key *key, const struct nat_entry *entry)
+/*
+ * A slot's lock covers every claim and release of its index: the reply
+ * tuples of all backends hashed to its bucket with its port, whether the
+ * slot or the nat map holds them. Without it two CPUs could claim one
+ * tuple at once, one in the slot and one in the nat map. The lock is the
+ * top bit of the generation, which counts the slot's lockings; a program
+ * always unlocks before it ends, so a locked slot only means another CPU
+ * is at it now.
+ */
+#define SNAT_SLOT_LOCKED 0x80000000u
+
+/* Lock a slot; 0 when another CPU holds it. */
+static __always_inline int snat_slot_lock(struct snat_slot *slot, __u32 *generation)
 {
-	if (__sync_val_compare_and_swap(&slot->generation, generation, generation + 1) !=
-	    generation)
-		return -1;
+	__u32 seen = READ_ONCE(slot->generation);
+
+	if (seen & SNAT_SLOT_LOCKED)
+		return 0;
+	if (__sync_val_compare_and_swap(&slot->generation, seen, seen | SNAT_SLOT_LOCKED) != seen)
+		return 0;
+	*generation = seen;
+	return 1;
+}
+
+static __always_inline void snat_slot_unlock(struct snat_slot *slot, __u32 generation)
+{
+	/* An atomic exchange: the slot's writes are visible before it. */
+	__sync_lock_test_and_set(&slot->generation, (generation + 1) & ~SNAT_SLOT_LOCKED);
+}
+
+/* Write a locked slot. */
+static __always_inline void snat_slot_write(struct snat_slot *slot, const struct nat_key *key,
+					    const struct nat_entry *entry)
+{
 	/* Invalid while it is rewritten, for a late reply of the old flow. */
 	slot->key.proto = 0;
 	barrier();
@@ -237,7 +262,6 @@ static __always_inline int snat_slot_take(struct snat_slot *slot, __u32 generati
 	slot->key.dport = key->dport;
 	barrier();
 	slot->key.proto = key->proto;
-	return 0;
 }
 
 /* Does the slot hold this reply tuple (for whichever flow)? */
@@ -246,21 +270,24 @@ static __always_inline int snat_slot_holds(const struct snat_slot *slot, const s
 	return slot->key.proto && nat_keys_equal(&slot->key, key);
 }
 
-/* Free a slot if it holds `key` for `flow`; returns whether it did. */
+/*
+ * Free a slot if it holds `key` for `flow`; returns whether it did (or
+ * would have: when another CPU holds the lock, it is claiming this port and
+ * finds the flow gone, as its caller forgets the forward entry too).
+ */
 static __always_inline int snat_slot_release(const struct nat_key *key, const struct ct_key *flow,
 					     const struct datapath_config *cfg)
 {
 	struct snat_slot *slot = snat_slot_of(key, cfg);
 	__u32 generation;
 
-	if (!slot)
+	if (!slot || !snat_slot_holds(slot, key) || !nat_entry_matches(&slot->rev, flow))
 		return 0;
-	generation = READ_ONCE(slot->generation);
-	if (!snat_slot_holds(slot, key) || !nat_entry_matches(&slot->rev, flow))
-		return 0;
-	if (__sync_val_compare_and_swap(&slot->generation, generation, generation + 1) ==
-	    generation)
+	if (!snat_slot_lock(slot, &generation))
+		return 1;
+	if (snat_slot_holds(slot, key) && nat_entry_matches(&slot->rev, flow))
 		slot->key.proto = 0;
+	snat_slot_unlock(slot, generation);
 	return 1;
 }
 
@@ -269,8 +296,8 @@ static __always_inline int snat_slot_release(const struct nat_key *key, const st
 /*
  * The reverse entry a reply tuple belongs to: the slot of its SNAT port if
  * that slot holds exactly this tuple, else the nat map's entry (flows
- * without SNAT, and SNAT flows whose bucket was busy). NULL when there is
- * none.
+ * without SNAT, and SNAT flows whose port's slot another backend's flow
+ * held). NULL when there is none.
  */
 static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *key)
 {
@@ -299,28 +326,17 @@ enum snat_way {
 	SNAT_AT_RANDOM,  /* any port of the backend's: its own holder looked up */
 };
 
-/*
- * Claim SNAT port key->dport for the flow `flow` whose reverse half is
- * `entry`: in its slot when the slot is free or its flow is gone, or, when
- * the slot holds another backend's reply tuple (a backend sharing the
- * bucket), in the nat map, where the port may still be free for this
- * backend. A reply tuple is never held in both places.
- */
-static __always_inline enum snat_try snat_try_port(const struct nat_key *key,
-						   const struct nat_entry *entry,
-						   const struct ct_key *flow,
-						   const struct datapath_config *cfg, __u64 now,
-						   enum snat_way way)
+/* snat_try_port's work, with the slot locked. */
+static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
+						     const struct nat_key *key,
+						     const struct nat_entry *entry,
+						     const struct datapath_config *cfg, __u64 now,
+						     enum snat_way way)
 {
-	struct snat_slot *slot = snat_slot_of(key, cfg);
 	struct nat_entry *found;
-	__u32 generation;
 	int in_slot;
 	long err;
 
-	if (!slot)
-		return SNAT_BUSY;
-	generation = READ_ONCE(slot->generation);
 	if (!slot->key.proto) {
 		in_slot = 1;
 	} else if (snat_slot_holds(slot, key)) {
@@ -329,11 +345,11 @@ static __always_inline enum snat_try snat_try_port(const struct nat_key *key,
 		 * its holders are left alone then (no lookups of live flows). */
 		if (way == SNAT_BY_BACKEND)
 			return SNAT_BUSY;
-		if (!snat_holder_gone(&slot->key, &slot->rev, flow, cfg, now))
+		if (!snat_holder_gone(&slot->key, &slot->rev, cfg, now))
 			return SNAT_SLOT_LIVE;
 		in_slot = 1;
 	} else if (way == SNAT_BY_BUCKET) {
-		if (!snat_holder_gone(&slot->key, &slot->rev, flow, cfg, now))
+		if (!snat_holder_gone(&slot->key, &slot->rev, cfg, now))
 			return SNAT_SLOT_LIVE;
 		in_slot = 1;
 	} else {
@@ -341,12 +357,13 @@ static __always_inline enum snat_try snat_try_port(const struct nat_key *key,
 	}
 
 	found = bpf_map_lookup_elem(&nat, key);
-	if (found && !snat_holder_gone(key, found, flow, cfg, now))
+	if (found && !snat_holder_gone(key, found, cfg, now))
 		return SNAT_BUSY;
 	if (in_slot) {
 		if (found)
 			bpf_map_delete_elem(&nat, key);
-		return snat_slot_take(slot, generation, key, entry) ? SNAT_BUSY : SNAT_CLAIMED;
+		snat_slot_write(slot, key, entry);
+		return SNAT_CLAIMED;
 	}
 	/* Look before inserting: a failed LRU insert may evict a live entry
 	 * to make room it then does not use. */
@@ -356,9 +373,31 @@ static __always_inline enum snat_try snat_try_port(const struct nat_key *key,
 	return err ? SNAT_NO_ROOM : SNAT_CLAIMED;
 }
 
+/*
+ * Claim SNAT port key->dport for the flow whose reverse half is `entry`: in
+ * its slot when the slot is free or its flow is gone, or, when the slot
+ * holds another backend's reply tuple (a backend sharing the bucket), in
+ * the nat map, where the port may still be free for this backend. Under
+ * the slot's lock, so a reply tuple is never held twice.
+ */
+static __always_inline enum snat_try snat_try_port(const struct nat_key *key,
+						   const struct nat_entry *entry,
+						   const struct datapath_config *cfg, __u64 now,
+						   enum snat_way way)
+{
+	struct snat_slot *slot = snat_slot_of(key, cfg);
+	enum snat_try tried;
+	__u32 generation;
+
+	if (!slot || !snat_slot_lock(slot, &generation))
+		return SNAT_BUSY;
+	tried = snat_try_locked(slot, key, entry, cfg, now, way);
+	snat_slot_unlock(slot, generation);
+	return tried;
+}
+
 /* State of a SNAT port claim (a bpf_loop callback's). */
 struct snat_claim {
-	const struct ct_key *flow;
 	const struct datapath_config *cfg;
 	__u64 now;
 	struct nat_key *key;            /* its dport is the port tried */
@@ -369,6 +408,7 @@ struct snat_claim {
 	__u32 random;    /* hash the random ports are drawn from */
 	__u32 range;
 	__u32 live_slots; /* bucket slots offered that held live flows */
+	__u32 resting;    /* the bucket rests: its hand is not tried */
 	int result;      /* 0: claimed key->dport; -1: none free; -2: no room */
 };
 
@@ -396,20 +436,20 @@ static long snat_claim_try(__u32 i, void *ctx)
 	enum snat_way way;
 	__u32 offset, *hand;
 
-	bucket = bpf_map_lookup_elem(&snat_bucket_hands, &c->bucket);
-	if (!bucket)
-		return 1;
 	if (i < SNAT_BUCKET_ATTEMPTS) {
-		if (READ_ONCE(bucket->rest) > 0) {
+		bucket = bpf_map_lookup_elem(&snat_bucket_hands, &c->bucket);
+		if (!bucket || c->resting)
+			return 0;
+		if (i == 0 && READ_ONCE(bucket->rest) > 0) {
 			/* One claim, one less to rest; two CPUs may take the
 			 * last one: -1 is not resting either. */
-			if (i == 0)
-				__sync_fetch_and_sub(&bucket->rest, 1);
+			__sync_fetch_and_sub(&bucket->rest, 1);
+			c->resting = 1;
 			return 0;
 		}
 		offset = __sync_fetch_and_add(&bucket->next, 1) % c->range;
 		c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
-		tried = snat_try_port(c->key, c->entry, c->flow, c->cfg, c->now, SNAT_BY_BUCKET);
+		tried = snat_try_port(c->key, c->entry, c->cfg, c->now, SNAT_BY_BUCKET);
 		/* The bucket is busy when every slot it offered held a live
 		 * flow: one live flow now and then (a long-lived one) is not
 		 * worth a rest, and a port this backend holds in the nat map
@@ -431,7 +471,7 @@ static long snat_claim_try(__u32 i, void *ctx)
 		way = SNAT_AT_RANDOM;
 	}
 	c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
-	return snat_claim_done(c, snat_try_port(c->key, c->entry, c->flow, c->cfg, c->now, way));
+	return snat_claim_done(c, snat_try_port(c->key, c->entry, c->cfg, c->now, way));
 }
 
 /*
@@ -444,7 +484,6 @@ static __always_inline int snat_claim(const struct ct_key *flow, struct ct_entry
 				      struct nat_key *key, const struct nat_entry *entry)
 {
 	struct snat_claim c = {
-		.flow = flow,
 		.cfg = cfg,
 		.now = now,
 		.key = key,
@@ -528,49 +567,68 @@ enum nat_check {
 	NAT_FAILED,     /* could not be restored */
 };
 
+/* Take back a missing SNAT reverse half, with its slot locked. */
+static __always_inline enum nat_check snat_restore_locked(struct snat_slot *slot,
+							  const struct ct_key *flow,
+							  const struct nat_key *key,
+							  const struct nat_entry *entry)
+{
+	struct nat_entry *found;
+
+	if (snat_slot_holds(slot, key))
+		return nat_entry_matches(&slot->rev, flow) ? NAT_OK : NAT_PORT_MOVED;
+	found = bpf_map_lookup_elem(&nat, key);
+	if (found)
+		return nat_entry_matches(found, flow) ? NAT_OK : NAT_PORT_MOVED;
+	if (!slot->key.proto) {
+		snat_slot_write(slot, key, entry);
+		return NAT_REPAIRED;
+	}
+	return bpf_map_update_elem(&nat, key, entry, BPF_NOEXIST) == 0 ? NAT_REPAIRED : NAT_FAILED;
+}
+
 /* Make sure a live forward entry still has its reverse half. */
 static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, struct ct_entry *ct,
 						 const struct datapath_config *cfg, __u64 now)
 {
-	struct snat_slot *slot = NULL;
 	struct nat_entry *found, entry;
+	struct snat_slot *slot;
+	enum nat_check check;
 	struct nat_key key;
-	__u32 generation = 0;
+	__u32 generation;
 
 	nat_key_of(flow, ct, &key);
 	nat_entry_of(flow, ct, &entry);
-	if (ct->flags & CT_F_SNAT) {
-		if (!snat_port_in_range(cfg, key.dport))
-			return NAT_FAILED;
-		slot = snat_slot_of(&key, cfg);
-		if (!slot)
-			return NAT_FAILED;
-		generation = READ_ONCE(slot->generation);
-		if (snat_slot_holds(slot, &key)) {
-			if (nat_entry_matches(&slot->rev, flow))
-				return NAT_OK;
-			goto lost; /* the SNAT port now belongs to another flow */
-		}
-	}
-
-	found = bpf_map_lookup_elem(&nat, &key);
-	if (found) {
-		if (nat_entry_matches(found, flow))
-			return NAT_OK;
-		if (ct->flags & CT_F_SNAT)
-			goto lost;
+	if (!(ct->flags & CT_F_SNAT)) {
 		/* Without SNAT the reply tuple is this flow's alone. */
+		found = bpf_map_lookup_elem(&nat, &key);
+		if (found && nat_entry_matches(found, flow))
+			return NAT_OK;
 		return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) == 0 ? NAT_REPAIRED
 									    : NAT_FAILED;
 	}
-	/* Missing (released, or evicted from the nat map): take it back, in
-	 * the slot if that is free. */
-	if (slot && !slot->key.proto && snat_slot_take(slot, generation, &key, &entry) == 0)
-		return NAT_REPAIRED;
-	if (bpf_map_update_elem(&nat, &key, &entry, BPF_NOEXIST) == 0)
-		return NAT_REPAIRED;
-	return NAT_FAILED;
-lost:
+
+	if (!snat_port_in_range(cfg, key.dport))
+		return NAT_FAILED;
+	slot = snat_slot_of(&key, cfg);
+	if (!slot)
+		return NAT_FAILED;
+	if (snat_slot_holds(slot, &key) && nat_entry_matches(&slot->rev, flow))
+		return NAT_OK;
+	found = bpf_map_lookup_elem(&nat, &key);
+	if (found && nat_entry_matches(found, flow))
+		return NAT_OK;
+	/* Missing (released, or evicted from the nat map), or the port now
+	 * belongs to another flow: look again with the port's slot locked (a
+	 * CPU claiming the port holds it: the next check, a second later,
+	 * finds how that ended). */
+	if (!snat_slot_lock(slot, &generation))
+		return NAT_OK;
+	check = snat_restore_locked(slot, flow, &key, &entry);
+	snat_slot_unlock(slot, generation);
+	if (check != NAT_PORT_MOVED)
+		return check;
+	/* The SNAT port belongs to another flow now: claim a new one. */
 	return nat_claim(flow, ct, cfg, now) == 0 ? NAT_PORT_MOVED : NAT_FAILED;
 }
 
