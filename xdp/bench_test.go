@@ -132,7 +132,6 @@ func (e *benchEnv) run(b *testing.B, results *benchResults, name string, prog *e
 			delta[k] = v - before[k]
 		}
 		if check != nil {
-			b.Logf("%s counters %v", name, nonZero(delta))
 			if err := check(delta, b.N); err != nil {
 				b.Fatalf("%s: %v (counters moved: %v)", name, err, nonZero(delta))
 			}

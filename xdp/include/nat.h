@@ -201,7 +201,7 @@ static __always_inline struct snat_slot *snat_slot_of(const struct nat_key *key,
 }
 
 /*
- * Is the flow whose reverse half `rev` of reply tuple `key` is gone: its
+ * Is the flow holding reverse half `rev` of reply tuple `key` gone: its
  * forward entry missing, expired, or translating elsewhere now? (A flow
  * coming back after its forward entry was evicted finds its old reverse
  * half gone too; one whose entry is still there must not take it over.)
@@ -271,24 +271,29 @@ static __always_inline int snat_slot_holds(const struct snat_slot *slot, const s
 }
 
 /*
- * Free a slot if it holds `key` for `flow`; returns whether it did (or
- * would have: when another CPU holds the lock, it is claiming this port and
- * finds the flow gone, as its caller forgets the forward entry too).
+ * Forget the SNAT reverse half `key` of `flow`, in its slot or the nat map,
+ * with the slot locked so no claim of the port runs meanwhile. When another
+ * CPU holds the lock, it is claiming this port and finds the flow gone (the
+ * caller forgets the forward entry too), so nothing is left to do here.
  */
-static __always_inline int snat_slot_release(const struct nat_key *key, const struct ct_key *flow,
-					     const struct datapath_config *cfg)
+static __always_inline void snat_release(const struct nat_key *key, const struct ct_key *flow,
+					 const struct datapath_config *cfg)
 {
 	struct snat_slot *slot = snat_slot_of(key, cfg);
+	struct nat_entry *entry;
 	__u32 generation;
 
-	if (!slot || !snat_slot_holds(slot, key) || !nat_entry_matches(&slot->rev, flow))
-		return 0;
-	if (!snat_slot_lock(slot, &generation))
-		return 1;
-	if (snat_slot_holds(slot, key) && nat_entry_matches(&slot->rev, flow))
-		slot->key.proto = 0;
+	if (!slot || !snat_slot_lock(slot, &generation))
+		return;
+	if (snat_slot_holds(slot, key)) {
+		if (nat_entry_matches(&slot->rev, flow))
+			slot->key.proto = 0;
+	} else {
+		entry = bpf_map_lookup_elem(&nat, key);
+		if (entry && nat_entry_matches(entry, flow))
+			bpf_map_delete_elem(&nat, key);
+	}
 	snat_slot_unlock(slot, generation);
-	return 1;
 }
 
 /* ---- the reverse half of a flow ---------------------------------------- */
@@ -530,15 +535,14 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 /* Forget the reverse half of a forward entry, if it is still ours. */
 static __always_inline void nat_release(const struct ct_key *flow, const struct ct_entry *ct)
 {
-	struct datapath_config *cfg;
+	struct datapath_config *cfg = config_get();
 	struct nat_entry *entry;
 	struct nat_key key;
 
 	nat_key_of(flow, ct, &key);
-	if (ct->flags & CT_F_SNAT) {
-		cfg = config_get();
-		if (cfg && snat_port_in_range(cfg, key.dport) && snat_slot_release(&key, flow, cfg))
-			return;
+	if (cfg && (ct->flags & CT_F_SNAT) && snat_port_in_range(cfg, key.dport)) {
+		snat_release(&key, flow, cfg);
+		return;
 	}
 	entry = bpf_map_lookup_elem(&nat, &key);
 	if (entry && nat_entry_matches(entry, flow))
@@ -548,14 +552,13 @@ static __always_inline void nat_release(const struct ct_key *flow, const struct 
 /* Forget a reverse entry that turned out stale (its forward half moved on). */
 static __always_inline void nat_forget(const struct nat_key *key, const struct nat_entry *rev)
 {
-	struct datapath_config *cfg;
+	struct datapath_config *cfg = config_get();
 	struct ct_key flow;
 
-	if (rev->flags & CT_F_SNAT) {
-		cfg = config_get();
+	if (cfg && (rev->flags & CT_F_SNAT) && snat_port_in_range(cfg, key->dport)) {
 		ct_key_of_nat(key, rev, &flow);
-		if (cfg && snat_port_in_range(cfg, key->dport) && snat_slot_release(key, &flow, cfg))
-			return;
+		snat_release(key, &flow, cfg);
+		return;
 	}
 	bpf_map_delete_elem(&nat, key);
 }
