@@ -30,6 +30,7 @@ type Maps struct {
 	Conntrack        *ebpf.Map
 	NAT              *ebpf.Map
 	SNATSlots        *ebpf.Map
+	SNATBucketHints  *ebpf.Map
 	SNATBucketHands  *ebpf.Map
 	SNATBackendHands *ebpf.Map
 	Affinity         *ebpf.Map
@@ -53,6 +54,7 @@ func (m *Maps) byName() map[string]**ebpf.Map {
 		"conntrack":          &m.Conntrack,
 		"nat":                &m.NAT,
 		"snat_slots":         &m.SNATSlots,
+		"snat_bucket_hints":  &m.SNATBucketHints,
 		"snat_bucket_hands":  &m.SNATBucketHands,
 		"snat_backend_hands": &m.SNATBackendHands,
 		"affinity":           &m.Affinity,

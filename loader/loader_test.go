@@ -109,6 +109,64 @@ func TestLoadUnpinsRetiredMaps(t *testing.T) {
 // puts them, so replies of live SNAT flows keep finding their flow.
 func TestResizeMovesSNATSlots(t *testing.T) {
 	root := testenv.BPFFS(t)
+	opts, dp, backend, node, slot := loadWithSNATSlot(t, root)
+	// The backend's flows use the last bucket, which the new layout no
+	// longer has: the move gives the backend another.
+	buckets := opts.SNATBuckets()
+	hint := xdp.SNATHint(backend, node, 6)
+	if err := dp.Maps.SNATBucketHints.Put(hint, buckets); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(buckets-1, 40500, 40000, 40999), slot); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+
+	opts.SNATPortMin, opts.SNATPortMax = 40000, 49999
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if want := opts.SNATSlots(); dp.Maps.SNATSlots.MaxEntries() != want {
+		t.Fatalf("SNAT slots sized %d, want %d", dp.Maps.SNATSlots.MaxEntries(), want)
+	}
+	if opts.SNATBuckets() >= buckets {
+		t.Fatalf("the new layout has %d buckets, want fewer than %d", opts.SNATBuckets(), buckets)
+	}
+	expectSlotAtHint(t, dp, backend, node, slot)
+}
+
+// SNAT slots pinned by a version that placed them by a hash of their
+// backend, without bucket hints, are moved to a bucket given in turn.
+func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts, dp, backend, node, slot := loadWithSNATSlot(t, root)
+	// Anywhere but the first bucket, which the move will hand out.
+	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(1, 40500, 40000, 40999), slot); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	if err := os.Remove(filepath.Join(loader.Dir(root), "maps", "snat_bucket_hints")); err != nil {
+		t.Fatal(err)
+	}
+
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	expectSlotAtHint(t, dp, backend, node, slot)
+	var stale xdp.NicSnatSlot
+	if err := dp.Maps.SNATSlots.Lookup(xdp.SNATSlot(1, 40500, 40000, 40999), &stale); err != nil || stale.Key.Proto != 0 {
+		t.Fatalf("the slot's old place still holds %+v (%v)", stale, err)
+	}
+}
+
+// loadWithSNATSlot loads a datapath with SNAT ports 40000-40999 (three
+// buckets) and returns a claimed slot of port 40500 to place in it.
+func loadWithSNATSlot(t *testing.T, root string) (loader.Options, *loader.Datapath, netip.AddrPort, netip.Addr, xdp.NicSnatSlot) {
+	t.Helper()
 	opts := smallOptions(root)
 	opts.SNATPortMin, opts.SNATPortMax = 40000, 40999
 	dp, err := loader.Load(opts, nil)
@@ -120,25 +178,26 @@ func TestResizeMovesSNATSlots(t *testing.T) {
 	slot := xdp.NicSnatSlot{Key: xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
 		Daddr: xdp.AddrToNet(node), Dport: xdp.PortToNet(40500), Proto: 6}, Generation: 1}
 	slot.Rev.ClientPort = xdp.PortToNet(5555)
-	at := xdp.SNATSlot(backend, node, 40500, 6, 40000, 40999, opts.SNATBuckets())
-	if err := dp.Maps.SNATSlots.Put(at, slot); err != nil {
-		t.Fatal(err)
-	}
-	dp.Close()
+	return opts, dp, backend, node, slot
+}
 
-	opts.SNATPortMin, opts.SNATPortMax = 40000, 49999
-	dp, err = loader.Load(opts, nil)
-	if err != nil {
+// expectSlotAtHint checks that the slot of want's port in the bucket the
+// hints give backend holds want.
+func expectSlotAtHint(t *testing.T, dp *loader.Datapath, backend netip.AddrPort, node netip.Addr, want xdp.NicSnatSlot) {
+	t.Helper()
+	opts := dp.Options()
+	var hint uint32
+	if err := dp.Maps.SNATBucketHints.Lookup(xdp.SNATHint(backend, node, want.Key.Proto), &hint); err != nil {
 		t.Fatal(err)
 	}
-	defer dp.Close()
-	if want := opts.SNATSlots(); dp.Maps.SNATSlots.MaxEntries() != want {
-		t.Fatalf("SNAT slots sized %d, want %d", dp.Maps.SNATSlots.MaxEntries(), want)
+	bucket, ok := xdp.SNATHintBucket(hint, opts.SNATBuckets())
+	if !ok {
+		t.Fatalf("backend %s has no SNAT bucket (hint %d of %d buckets)", backend, hint, opts.SNATBuckets())
 	}
-	var moved xdp.NicSnatSlot
-	at = xdp.SNATSlot(backend, node, 40500, 6, 40000, 49999, opts.SNATBuckets())
-	if err := dp.Maps.SNATSlots.Lookup(at, &moved); err != nil || moved != slot {
-		t.Fatalf("slot %d after the resize: %+v (%v), want %+v", at, moved, err, slot)
+	var got xdp.NicSnatSlot
+	at := xdp.SNATSlot(bucket, xdp.NetToPort(want.Key.Dport), opts.SNATPortMin, opts.SNATPortMax)
+	if err := dp.Maps.SNATSlots.Lookup(at, &got); err != nil || got != want {
+		t.Fatalf("slot %d (bucket %d): %+v (%v), want %+v", at, bucket, got, err, want)
 	}
 }
 

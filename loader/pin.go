@@ -34,21 +34,30 @@ func ensureBPFFS(root string) error {
 
 // migrations copy live flow state into a resized map. Maps without one
 // start empty and are refilled by the control plane from the desired state.
-func migrations(opts Options) map[string]func(from, to *ebpf.Map) (copied, skipped int) {
+func migrations(opts Options, hints *ebpf.Map) map[string]func(from, to *ebpf.Map) (copied, skipped int) {
 	return map[string]func(from, to *ebpf.Map) (int, int){
 		"conntrack":  copyEntries,
 		"nat":        copyEntries,
 		"affinity":   copyEntries,
-		"snat_slots": func(from, to *ebpf.Map) (int, int) { return copySNATSlots(from, to, opts) },
+		"snat_slots": func(from, to *ebpf.Map) (int, int) { return copySNATSlots(from, to, opts, hints) },
 	}
 }
+
+// errSlotsUnhinted is why SNAT slots pinned by a version without bucket
+// hints are moved: that version placed them by a hash of their backend.
+var errSlotsUnhinted = errors.New("SNAT slots placed without bucket hints")
 
 // adoptPinnedMaps checks every pinned map against the spec. A compatible
 // map is left for the collection loader to adopt. An incompatible one (a
 // size flag changed) is replaced: flow state is copied into a new map,
 // other maps start empty and are refilled by the control plane.
 func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) error {
-	migrate := migrations(opts)
+	hints, fresh, err := pinSNATBucketHints(spec, dir)
+	if err != nil {
+		return err
+	}
+	defer hints.Close()
+	migrate := migrations(opts, hints)
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
@@ -62,6 +71,9 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			return fmt.Errorf("open pinned map %s: %w", path, err)
 		}
 		incompatible := ms.Compatible(old)
+		if incompatible == nil && name == "snat_slots" && fresh {
+			incompatible = errSlotsUnhinted
+		}
 		if incompatible == nil {
 			old.Close()
 			continue
@@ -73,6 +85,43 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 		}
 	}
 	return nil
+}
+
+// pinSNATBucketHints opens the pinned snat_bucket_hints map, or creates
+// and pins an empty one (fresh) when there is none or it does not fit the
+// spec: the SNAT slots are then placed anew (copySNATSlots).
+func pinSNATBucketHints(spec *ebpf.CollectionSpec, dir string) (hints *ebpf.Map, fresh bool, err error) {
+	const name = "snat_bucket_hints"
+	ms, ok := spec.Maps[name]
+	if !ok {
+		return nil, false, fmt.Errorf("XDP object has no map %q", name)
+	}
+	path := filepath.Join(dir, name)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, false, fmt.Errorf("open pinned map %s: %w", path, err)
+	case ms.Compatible(old) == nil:
+		return old, false, nil
+	default:
+		err := old.Unpin()
+		old.Close()
+		if err != nil {
+			return nil, false, fmt.Errorf("unpin old map %s: %w", name, err)
+		}
+	}
+	unpinned := ms.Copy()
+	unpinned.Pinning = ebpf.PinNone // pinned here, so the collection adopts it
+	hints, err = ebpf.NewMap(unpinned)
+	if err != nil {
+		return nil, false, fmt.Errorf("create map %s: %w", name, err)
+	}
+	if err := hints.Pin(path); err != nil {
+		hints.Close()
+		return nil, false, fmt.Errorf("pin map %s: %w", name, err)
+	}
+	return hints, true, nil
 }
 
 // retiredMaps are maps earlier versions pinned that this one no longer has.
@@ -146,10 +195,12 @@ func copyEntries(from, to *ebpf.Map) (copied, skipped int) {
 }
 
 // copySNATSlots moves the claimed SNAT slots of an array laid out for other
-// options (SNAT range, NAT size) to where opts place them. A flow whose
-// port is outside the new range, or whose new slot is taken, is skipped:
-// its forward half claims a new port on its next packet.
-func copySNATSlots(from, to *ebpf.Map, opts Options) (copied, skipped int) {
+// options (SNAT range, NAT size), or placed by an older version, to where
+// opts and the bucket hints place them, giving a backend without a bucket
+// the next one (as the datapath does on a first claim). A flow whose port
+// is outside the new range, or whose new slot is taken, is skipped: its
+// forward half claims a new port on its next packet.
+func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, skipped int) {
 	var index uint32
 	var slot xdp.NicSnatSlot
 	iter := from.Iterate()
@@ -163,8 +214,13 @@ func copySNATSlots(from, to *ebpf.Map, opts Options) (copied, skipped int) {
 			continue
 		}
 		backend := netip.AddrPortFrom(xdp.NetToAddr(slot.Key.Saddr), xdp.NetToPort(slot.Key.Sport))
-		at := xdp.SNATSlot(backend, xdp.NetToAddr(slot.Key.Daddr), port, slot.Key.Proto,
-			opts.SNATPortMin, opts.SNATPortMax, opts.SNATBuckets())
+		bucket, err := assignSNATBucket(hints, xdp.SNATHint(backend, xdp.NetToAddr(slot.Key.Daddr), slot.Key.Proto),
+			opts.SNATBuckets())
+		if err != nil {
+			skipped++
+			continue
+		}
+		at := xdp.SNATSlot(bucket, port, opts.SNATPortMin, opts.SNATPortMax)
 		var there xdp.NicSnatSlot
 		if err := to.Lookup(at, &there); err != nil || there.Key.Proto != 0 {
 			skipped++
@@ -180,6 +236,29 @@ func copySNATSlots(from, to *ebpf.Map, opts Options) (copied, skipped int) {
 		copied++
 	}
 	return copied, skipped
+}
+
+// assignSNATBucket returns the bucket that hint names, first giving it the
+// next bucket in turn if it names none (snat_bucket_assign in nat.h).
+func assignSNATBucket(hints *ebpf.Map, hint, buckets uint32) (uint32, error) {
+	var value, next uint32
+	if err := hints.Lookup(hint, &value); err != nil {
+		return 0, fmt.Errorf("read SNAT bucket hint %d: %w", hint, err)
+	}
+	if bucket, ok := xdp.SNATHintBucket(value, buckets); ok {
+		return bucket, nil
+	}
+	if err := hints.Lookup(xdp.SNATHintNext, &next); err != nil {
+		return 0, fmt.Errorf("read SNAT bucket turn: %w", err)
+	}
+	if err := hints.Put(xdp.SNATHintNext, next+1); err != nil {
+		return 0, fmt.Errorf("write SNAT bucket turn: %w", err)
+	}
+	bucket := next % buckets
+	if err := hints.Put(hint, bucket+1); err != nil {
+		return 0, fmt.Errorf("write SNAT bucket hint %d: %w", hint, err)
+	}
+	return bucket, nil
 }
 
 func loadPinnedMap(path string) (*ebpf.Map, error) {

@@ -51,14 +51,32 @@ func ClientHash(client netip.Addr, seed uint32) uint32 {
 // releases the slot's port.
 const SNATSlotLocked = 1 << 31
 
-// SNATSlot is the index in the snat_slots map of the reverse half of a
-// SNAT flow (snat_slot_of in include/nat.h): the reply tuple from backend
-// to natAddr:port, with buckets copies of the SNAT range [portMin, portMax].
-func SNATSlot(backend netip.AddrPort, natAddr netip.Addr, port uint16, proto uint8,
-	portMin, portMax uint16, buckets uint32) uint32 {
-	bucket := uint32(0)
-	if buckets > 1 {
-		bucket = FlowHash(backend, netip.AddrPortFrom(natAddr, 0), proto, 0) % buckets
+// SNATBucketHints is how many bucket hints snat_bucket_hints holds; its
+// entry SNATHintNext counts the buckets handed out (enum snat_hints in
+// include/maps.h).
+const (
+	SNATBucketHints = uint32(NicSnatHintsSNAT_BUCKET_HINTS)
+	SNATHintNext    = uint32(NicSnatHintsSNAT_HINT_NEXT)
+)
+
+// SNATHint is the entry in snat_bucket_hints that says which bucket holds
+// the reply tuples from backend to natAddr (snat_hint_of in include/nat.h).
+func SNATHint(backend netip.AddrPort, natAddr netip.Addr, proto uint8) uint32 {
+	return FlowHash(backend, netip.AddrPortFrom(natAddr, 0), proto, 0) % SNATBucketHints
+}
+
+// SNATHintBucket reads a snat_bucket_hints value: the bucket it names, and
+// false when it names none of the buckets there are.
+func SNATHintBucket(hint, buckets uint32) (uint32, bool) {
+	if hint == 0 || hint > buckets {
+		return 0, false
 	}
+	return hint - 1, true
+}
+
+// SNATSlot is the index in the snat_slots map of SNAT port `port` of a
+// bucket (snat_slot_of in include/nat.h): buckets are copies of the SNAT
+// range [portMin, portMax], one after the other.
+func SNATSlot(bucket uint32, port, portMin, portMax uint16) uint32 {
 	return bucket*(uint32(portMax)-uint32(portMin)+1) + uint32(port-portMin)
 }

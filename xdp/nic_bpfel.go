@@ -212,6 +212,13 @@ type NicSnatBucketHand struct {
 	Rest int32
 }
 
+type NicSnatHints uint32
+
+const (
+	NicSnatHintsSNAT_BUCKET_HINTS NicSnatHints = 4096
+	NicSnatHintsSNAT_HINT_NEXT    NicSnatHints = 4096
+)
+
 type NicSnatSlot struct {
 	_          structs.HostLayout
 	Rev        NicNatEntry
@@ -317,6 +324,7 @@ const (
 	NicMapNat              = "nat"
 	NicMapSnatBackendHands = "snat_backend_hands"
 	NicMapSnatBucketHands  = "snat_bucket_hands"
+	NicMapSnatBucketHints  = "snat_bucket_hints"
 	NicMapSnatSlots        = "snat_slots"
 	NicMapSockFrontends    = "sock_frontends"
 	NicMapSourceRanges     = "source_ranges"
@@ -391,6 +399,7 @@ type NicMapSpecs struct {
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
+	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
 	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
@@ -441,6 +450,7 @@ type NicMaps struct {
 	Nat              *ebpf.Map `ebpf:"nat"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
+	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
 	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
@@ -466,6 +476,7 @@ func (m *NicMaps) Close() error {
 		m.Nat,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
+		m.SnatBucketHints,
 		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,

@@ -30,6 +30,7 @@ const (
 	NicIngressMapNat              = "nat"
 	NicIngressMapSnatBackendHands = "snat_backend_hands"
 	NicIngressMapSnatBucketHands  = "snat_bucket_hands"
+	NicIngressMapSnatBucketHints  = "snat_bucket_hints"
 	NicIngressMapSnatSlots        = "snat_slots"
 	NicIngressMapSockFrontends    = "sock_frontends"
 	NicIngressMapSourceRanges     = "source_ranges"
@@ -104,6 +105,7 @@ type NicIngressMapSpecs struct {
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
+	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
 	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
@@ -154,6 +156,7 @@ type NicIngressMaps struct {
 	Nat              *ebpf.Map `ebpf:"nat"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
+	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
 	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
@@ -179,6 +182,7 @@ func (m *NicIngressMaps) Close() error {
 		m.Nat,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
+		m.SnatBucketHints,
 		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,

@@ -29,6 +29,7 @@ const (
 	SockMapNat                = "nat"
 	SockMapSnatBackendHands   = "snat_backend_hands"
 	SockMapSnatBucketHands    = "snat_bucket_hands"
+	SockMapSnatBucketHints    = "snat_bucket_hints"
 	SockMapSnatSlots          = "snat_slots"
 	SockMapSockFrontends      = "sock_frontends"
 	SockMapSourceRanges       = "source_ranges"
@@ -108,6 +109,7 @@ type SockMapSpecs struct {
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
+	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
 	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
@@ -157,6 +159,7 @@ type SockMaps struct {
 	Nat              *ebpf.Map `ebpf:"nat"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
+	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
 	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
@@ -181,6 +184,7 @@ func (m *SockMaps) Close() error {
 		m.Nat,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
+		m.SnatBucketHints,
 		m.SnatSlots,
 		m.SockFrontends,
 		m.SourceRanges,

@@ -137,8 +137,15 @@ func (d *Dataplane) snatSlot(f Flow) (uint32, bool, error) {
 	if port < cfg.SnatPortMin || port > cfg.SnatPortMax {
 		return 0, false, nil
 	}
-	return xdp.SNATSlot(f.Backend, f.NAT.Addr(), port, f.Proto, cfg.SnatPortMin, cfg.SnatPortMax,
-		cfg.SnatBuckets), true, nil
+	var hint uint32
+	if err := d.m.SNATBucketHints.Lookup(xdp.SNATHint(f.Backend, f.NAT.Addr(), f.Proto), &hint); err != nil {
+		return 0, false, fmt.Errorf("read SNAT bucket hint: %w", err)
+	}
+	bucket, ok := xdp.SNATHintBucket(hint, cfg.SnatBuckets)
+	if !ok {
+		return 0, false, nil // no slot holds a reply tuple of this backend
+	}
+	return xdp.SNATSlot(bucket, port, cfg.SnatPortMin, cfg.SnatPortMax), true, nil
 }
 
 // reverseSlot reads the SNAT slot that is f's reverse half; ok is false

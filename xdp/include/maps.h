@@ -401,6 +401,24 @@ struct {
 	__uint(pinning, PIN);
 } snat_slots SEC(".maps");
 
+/* Which bucket a (backend, node address, protocol) triple's reply tuples
+ * use: entries 0..SNAT_BUCKET_HINTS-1, found by a hash of the triple, hold
+ * bucket + 1 (0: none yet); entry SNAT_HINT_NEXT counts the buckets handed
+ * out, so the next triple gets the next bucket (see snat_bucket_of in
+ * nat.h). Triples whose hashes meet share a bucket. */
+enum snat_hints {
+	SNAT_BUCKET_HINTS = 4096,
+	SNAT_HINT_NEXT = SNAT_BUCKET_HINTS,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SNAT_BUCKET_HINTS + 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, PIN);
+} snat_bucket_hints SEC(".maps");
+
 /* Where a SNAT bucket's hand is (see SNAT_BUCKET_ATTEMPTS in nat.h). */
 struct snat_bucket_hand {
 	__u32 next; /* slots offered so far; mod the range: the next */
@@ -540,13 +558,14 @@ struct {
 	__uint(pinning, PIN);
 } agent SEC(".maps");
 
-/* Flag enums are only used as values, so nothing would put them in BTF;
+/* Flag and constant enums are only used as values, so nothing would put them in BTF;
  * this pointer does, so bpf2go can export them to Go. */
 struct datapath_flags {
 	enum frontend_flags frontend;
 	enum backend_flags backend;
 	enum ct_tcp_state tcp_state;
 	enum ct_flags ct;
+	enum snat_hints snat_hints;
 };
 const struct datapath_flags *datapath_flags_btf __attribute__((unused));
 

@@ -25,39 +25,41 @@
 /*
  * A SNAT flow claims its port by trying ports in three ways, in turn:
  *
- * 1. The next SNAT_BUCKET_ATTEMPTS slots of its bucket's hand
+ * 1. Up to SNAT_BUCKET_ATTEMPTS slots from its bucket's hand
  *    (snat_bucket_hands), which offers the bucket's slots in turn, so the
  *    slot offered is the one held longest and its flow is almost always
  *    gone: the reverse half then lives in the slot and the flow costs one
- *    LRU insert. This is the common case: many backends share a bucket,
- *    none holds many ports.
- * 2. When all those slots' flows still live, the bucket is busy (busy
- *    backends share it, or it holds long-lived flows): it rests for the
- *    next SNAT_BUCKET_REST_CLAIMS claims, which try SNAT_BACKEND_ATTEMPTS
- *    ports from their backend's own hand (snat_backend_hands) instead. A
- *    free slot is taken; a port whose slot another backend's flow holds is
- *    still free for this backend, in the nat map; a port whose slot this
- *    backend's flow holds is skipped. A longer rest suits a few busy
- *    backends, a shorter one many backends, whose ports would otherwise go
- *    to the nat map (with 1024, perf's ct-full ran 5% faster than with 256
- *    and BenchmarkDatapath's new flows ~20% slower than with 64).
- * 3. SNAT_RANDOM_ATTEMPTS ports at random, for a backend whose oldest flows
- *    are long-lived. With 78% of every range in use and conntrack full,
- *    about one new flow in 100k finds no port (a counted drop).
+ *    LRU insert. This is the common case. The backend's own live flows
+ *    (long-lived ones) are passed over.
+ * 2. When the hand offers SNAT_BUCKET_BUSY_SLOTS slots of other backends'
+ *    live flows, the bucket is busy (more backends than buckets share it):
+ *    it rests for the next SNAT_BUCKET_REST_CLAIMS claims, which try
+ *    SNAT_BACKEND_ATTEMPTS ports from their backend's own hand
+ *    (snat_backend_hands) instead. A free slot is taken; a port whose slot
+ *    another backend's flow holds is still free for this backend, in the
+ *    nat map; a port whose slot this backend's flow holds is skipped. A
+ *    longer rest suits a few busy backends, a shorter one many backends,
+ *    whose ports would otherwise go to the nat map (with 1024, perf's
+ *    ct-full ran 5% faster than with 256 and BenchmarkDatapath's new flows
+ *    ~20% slower than with 64).
+ * 3. SNAT_RANDOM_ATTEMPTS ports at random, taken only when no flow of the
+ *    backend holds them (a free slot, or another backend's, with no entry
+ *    of this backend's in the nat map).
  *
  * Whether a port's holder still lives takes a conntrack lookup, and every
- * lookup of a live entry marks it recently used, so lookups must not hit
- * live flows on every claim, least of all some backends' flows more than
- * others'. When the backends of a busy bucket probed their own live flows
- * at random, the LRU kept their flows and evicted other backends', and the
- * busy backends ran out of ports (4% of new flows refused, 78% of every
- * range in use, conntrack full), and the marks made every insert scan long
- * LRU lists (new flows 3-5x slower). A busy bucket whose hand probed on
- * every claim did the same, less (0.6%). So step 1 looks up the oldest
- * holder, which is mostly gone, a busy bucket rests instead of probing, and
- * step 2 looks up no slot holder at all.
+ * lookup of a live entry marks it recently used, so the LRU keeps it. A
+ * claim therefore looks up only the holders its bucket's hand offers (the
+ * oldest, mostly gone) and the nat map entries of its backend's own hand.
+ * When random tries looked up the backend's own holders, a backend that
+ * once found its oldest flows alive (the LRU evicts only roughly in order)
+ * probed its live flows at random, the LRU kept them, and that backend took
+ * ever more of conntrack until its range ran out while others lost their
+ * flows (5 backends over 4096 flows and 1000 ports each, 82% in use: one
+ * backend with 65 flows, the others with all 1000, 5-40% of new flows
+ * refused). Busy buckets whose hands probed on every claim did the same.
  */
-#define SNAT_BUCKET_ATTEMPTS 2
+#define SNAT_BUCKET_ATTEMPTS 16
+#define SNAT_BUCKET_BUSY_SLOTS 2
 #define SNAT_BUCKET_REST_CLAIMS 256
 #define SNAT_BACKEND_ATTEMPTS 4
 #define SNAT_RANDOM_ATTEMPTS 32
@@ -172,31 +174,75 @@ static __always_inline __u32 snat_range(const struct datapath_config *cfg)
 }
 
 /*
- * The index in snat_slots of a reply tuple whose destination port is a SNAT
- * port: its bucket (a hash of backend, node address and protocol, not the
- * port) times the range, plus the port's offset. The bucket is node-local,
- * so the hash takes no seed: changing --maglev-hash-seed must not move the
- * slots of live flows.
+ * Which bucket holds the reply tuples of one (backend, node address,
+ * protocol): its entry in snat_bucket_hints, found by a hash of the triple
+ * (the port is not part of it). A triple gets a bucket on its first SNAT
+ * claim, in turn from SNAT_HINT_NEXT, so busy backends do not share a
+ * bucket while there are buckets to spare: backends hashed to one bucket
+ * shared its hand, which then came round to slots whose flows still lived,
+ * and the lookups of those holders kept the sharing backends' flows in the
+ * LRU at the others' expense until their ranges ran out (with 16 backends
+ * over 25 buckets, 78% of every range in use and conntrack full: 25% of new
+ * flows refused, each 4-5x slower). The hash takes no seed: changing
+ * --maglev-hash-seed must not move the slots of live flows.
  */
-static __always_inline __u32 snat_bucket(const struct nat_key *key, __u32 buckets)
+static __always_inline __u32 *snat_hint_of(const struct nat_key *key)
 {
-	if (buckets <= 1)
-		return 0;
-	return flow_hash(key->saddr, key->daddr, key->sport, 0, key->proto, 0) % buckets;
+	__u32 index = flow_hash(key->saddr, key->daddr, key->sport, 0, key->proto, 0) %
+		      SNAT_BUCKET_HINTS;
+
+	return bpf_map_lookup_elem(&snat_bucket_hints, &index);
 }
 
-static __always_inline __u32 snat_slot_index(const struct nat_key *key, __u32 port_min,
-					     __u32 range, __u32 buckets)
+/* The bucket of a reply tuple; -1 when its triple has none (no slot holds
+ * it, and no claim put it in the nat map). */
+static __always_inline int snat_bucket_of(const struct nat_key *key, __u32 buckets)
 {
-	return snat_bucket(key, buckets) * range + (bpf_ntohs(key->dport) - port_min);
+	__u32 *hint = snat_hint_of(key);
+	__u32 bucket;
+
+	if (!hint)
+		return -1;
+	bucket = READ_ONCE(*hint);
+	return bucket && bucket <= buckets ? (int)bucket - 1 : -1;
 }
 
-/* The slot of a reply tuple whose destination port is a SNAT port. */
+/* The bucket a claim for this reply tuple uses, giving its triple the next
+ * one in turn if it has none yet; -1 on a map failure. */
+static __always_inline int snat_bucket_assign(const struct nat_key *key, __u32 buckets)
+{
+	__u32 next_index = SNAT_HINT_NEXT;
+	__u32 *hint = snat_hint_of(key);
+	__u32 seen, want, prev, *next;
+
+	if (!hint || !buckets)
+		return -1;
+	seen = READ_ONCE(*hint);
+	if (seen && seen <= buckets)
+		return seen - 1;
+	next = bpf_map_lookup_elem(&snat_bucket_hints, &next_index);
+	if (!next)
+		return -1;
+	want = __sync_fetch_and_add(next, 1) % buckets + 1;
+	/* Another CPU may give the triple a bucket at the same time: the
+	 * first one wins. */
+	prev = __sync_val_compare_and_swap(hint, seen, want);
+	if (prev == seen)
+		return want - 1;
+	return prev && prev <= buckets ? (int)prev - 1 : -1;
+}
+
+/* The slot of a reply tuple whose destination port is a SNAT port: its
+ * bucket times the range, plus the port's offset. NULL without a bucket. */
 static __always_inline struct snat_slot *snat_slot_of(const struct nat_key *key,
 						      const struct datapath_config *cfg)
 {
-	__u32 index = snat_slot_index(key, cfg->snat_port_min, snat_range(cfg), cfg->snat_buckets);
+	int bucket = snat_bucket_of(key, cfg->snat_buckets);
+	__u32 index;
 
+	if (bucket < 0)
+		return NULL;
+	index = (__u32)bucket * snat_range(cfg) + (bpf_ntohs(key->dport) - cfg->snat_port_min);
 	return bpf_map_lookup_elem(&snat_slots, &index);
 }
 
@@ -319,7 +365,8 @@ static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *ke
 
 enum snat_try {
 	SNAT_CLAIMED = 0,
-	SNAT_SLOT_LIVE,   /* the port's slot holds a live flow */
+	SNAT_SLOT_LIVE,   /* the port's slot holds another backend's live flow */
+	SNAT_OWN_LIVE,    /* the port's slot holds a live flow of this backend */
 	SNAT_BUSY,        /* the port is otherwise in use for this backend */
 	SNAT_NO_ROOM,     /* the nat map refused the entry */
 };
@@ -327,8 +374,8 @@ enum snat_try {
 /* Which hand offered a port (see SNAT_BUCKET_ATTEMPTS). */
 enum snat_way {
 	SNAT_BY_BUCKET,  /* the bucket's oldest slot: taken if its flow is gone */
-	SNAT_BY_BACKEND, /* the backend's oldest port: a held slot is not looked at */
-	SNAT_AT_RANDOM,  /* any port of the backend's: its own holder looked up */
+	SNAT_BY_BACKEND, /* the backend's oldest port: its own slot is not looked at */
+	SNAT_AT_RANDOM,  /* any port: taken only if no flow of the backend holds it */
 };
 
 /* snat_try_port's work, with the slot locked. */
@@ -345,13 +392,12 @@ static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
 	if (!slot->key.proto) {
 		in_slot = 1;
 	} else if (snat_slot_holds(slot, key)) {
-		/* This backend's own port: its oldest when the backend's hand
-		 * offers it, and that hand runs while the bucket is busy, so
-		 * its holders are left alone then (no lookups of live flows). */
-		if (way == SNAT_BY_BACKEND)
+		/* This backend's own port. Only the bucket's hand, which
+		 * offers the slot held longest, looks up its holder. */
+		if (way != SNAT_BY_BUCKET)
 			return SNAT_BUSY;
 		if (!snat_holder_gone(&slot->key, &slot->rev, cfg, now))
-			return SNAT_SLOT_LIVE;
+			return SNAT_OWN_LIVE;
 		in_slot = 1;
 	} else if (way == SNAT_BY_BUCKET) {
 		if (!snat_holder_gone(&slot->key, &slot->rev, cfg, now))
@@ -361,8 +407,10 @@ static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
 		in_slot = 0;
 	}
 
+	/* This backend may hold the port in the nat map (its bucket is
+	 * shared): a random try does not look that holder up either. */
 	found = bpf_map_lookup_elem(&nat, key);
-	if (found && !snat_holder_gone(key, found, cfg, now))
+	if (found && (way == SNAT_AT_RANDOM || !snat_holder_gone(key, found, cfg, now)))
 		return SNAT_BUSY;
 	if (in_slot) {
 		if (found)
@@ -412,7 +460,7 @@ struct snat_claim {
 	__u32 start;     /* where this backend's hand starts in the range */
 	__u32 random;    /* hash the random ports are drawn from */
 	__u32 range;
-	__u32 live_slots; /* bucket slots offered that held live flows */
+	__u32 live_slots; /* bucket slots offered that held other backends' live flows */
 	__u32 resting;    /* the bucket rests: its hand is not tried */
 	int result;      /* 0: claimed key->dport; -1: none free; -2: no room */
 };
@@ -455,12 +503,14 @@ static long snat_claim_try(__u32 i, void *ctx)
 		offset = __sync_fetch_and_add(&bucket->next, 1) % c->range;
 		c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
 		tried = snat_try_port(c->key, c->entry, c->cfg, c->now, SNAT_BY_BUCKET);
-		/* The bucket is busy when every slot it offered held a live
-		 * flow: one live flow now and then (a long-lived one) is not
-		 * worth a rest, and a port this backend holds in the nat map
-		 * says nothing about the bucket. */
-		if (tried == SNAT_SLOT_LIVE && ++c->live_slots == SNAT_BUCKET_ATTEMPTS)
+		/* The bucket is busy when its hand comes round to other
+		 * backends' live flows: they share it. The backend's own live
+		 * flows (long-lived ones) are passed over, and so is a port
+		 * this backend holds in the nat map. */
+		if (tried == SNAT_SLOT_LIVE && ++c->live_slots == SNAT_BUCKET_BUSY_SLOTS) {
 			WRITE_ONCE(bucket->rest, SNAT_BUCKET_REST_CLAIMS);
+			c->resting = 1;
+		}
 		return snat_claim_done(c, tried);
 	}
 	if (i < SNAT_BUCKET_ATTEMPTS + SNAT_BACKEND_ATTEMPTS) {
@@ -493,12 +543,16 @@ static __always_inline int snat_claim(const struct ct_key *flow, struct ct_entry
 		.now = now,
 		.key = key,
 		.entry = entry,
-		.bucket = snat_bucket(key, cfg->snat_buckets),
 		.backend_id = ct->backend_id,
 		.range = snat_range(cfg),
 		.result = -1,
 	};
+	int bucket;
 
+	bucket = snat_bucket_assign(key, cfg->snat_buckets);
+	if (bucket < 0)
+		return -2;
+	c.bucket = bucket;
 	/* Backends sharing a bucket start their hands apart, so they do not
 	 * chase each other through the same slots. */
 	c.start = hash_3words(ct->backend_id, 0, 0, 0) % c.range;
