@@ -59,7 +59,7 @@ func DefaultOptions() Options {
 }
 
 // SNATBuckets is how many copies of the SNAT port range hold the reverse
-// halves of SNAT flows (backends are hashed to one): enough for twice
+// halves of SNAT flows (each backend gets one in turn): enough for twice
 // NATMax flows, so that a port comes back to be offered long after its
 // flow was likely evicted. Flows without SNAT keep their reverse halves in
 // the NAT map, sized NATMax.

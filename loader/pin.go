@@ -52,7 +52,7 @@ var errSlotsUnhinted = errors.New("SNAT slots placed without bucket hints")
 // size flag changed) is replaced: flow state is copied into a new map,
 // other maps start empty and are refilled by the control plane.
 func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) error {
-	hints, fresh, err := pinSNATBucketHints(spec, dir)
+	hints, fresh, err := openSNATBucketHints(spec, dir)
 	if err != nil {
 		return err
 	}
@@ -84,19 +84,27 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			return err
 		}
 	}
+	// Pinned last: had a step above failed, the next load would find no
+	// hints again and still move the slots.
+	if fresh {
+		if err := hints.Pin(filepath.Join(dir, snatBucketHints)); err != nil {
+			return fmt.Errorf("pin map %s: %w", snatBucketHints, err)
+		}
+	}
 	return nil
 }
 
-// pinSNATBucketHints opens the pinned snat_bucket_hints map, or creates
-// and pins an empty one (fresh) when there is none or it does not fit the
-// spec: the SNAT slots are then placed anew (copySNATSlots).
-func pinSNATBucketHints(spec *ebpf.CollectionSpec, dir string) (hints *ebpf.Map, fresh bool, err error) {
-	const name = "snat_bucket_hints"
-	ms, ok := spec.Maps[name]
+const snatBucketHints = "snat_bucket_hints"
+
+// openSNATBucketHints opens the pinned snat_bucket_hints map, or creates an
+// empty one (fresh) when there is none or it does not fit the spec: the
+// SNAT slots are then placed anew (copySNATSlots), and the caller pins it.
+func openSNATBucketHints(spec *ebpf.CollectionSpec, dir string) (hints *ebpf.Map, fresh bool, err error) {
+	ms, ok := spec.Maps[snatBucketHints]
 	if !ok {
-		return nil, false, fmt.Errorf("XDP object has no map %q", name)
+		return nil, false, fmt.Errorf("XDP object has no map %q", snatBucketHints)
 	}
-	path := filepath.Join(dir, name)
+	path := filepath.Join(dir, snatBucketHints)
 	old, err := ebpf.LoadPinnedMap(path, nil)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -108,18 +116,14 @@ func pinSNATBucketHints(spec *ebpf.CollectionSpec, dir string) (hints *ebpf.Map,
 		err := old.Unpin()
 		old.Close()
 		if err != nil {
-			return nil, false, fmt.Errorf("unpin old map %s: %w", name, err)
+			return nil, false, fmt.Errorf("unpin old map %s: %w", snatBucketHints, err)
 		}
 	}
 	unpinned := ms.Copy()
-	unpinned.Pinning = ebpf.PinNone // pinned here, so the collection adopts it
+	unpinned.Pinning = ebpf.PinNone
 	hints, err = ebpf.NewMap(unpinned)
 	if err != nil {
-		return nil, false, fmt.Errorf("create map %s: %w", name, err)
-	}
-	if err := hints.Pin(path); err != nil {
-		hints.Close()
-		return nil, false, fmt.Errorf("pin map %s: %w", name, err)
+		return nil, false, fmt.Errorf("create map %s: %w", snatBucketHints, err)
 	}
 	return hints, true, nil
 }

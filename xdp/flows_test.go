@@ -494,7 +494,7 @@ func TestBusySNATBucketRests(t *testing.T) {
 	f, two := sharedBucketFixture(t, ports)
 	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
 	var toFirst, toSecond []uint16
-	for p := uint16(10000); len(toFirst) < ports || len(toSecond) < 8; p++ {
+	for p := uint16(10000); len(toFirst) < ports || len(toSecond) < 9; p++ {
 		frame.SrcPort = p
 		if expectedBackend(two, frame) == 21 {
 			toFirst = append(toFirst, p)
@@ -546,13 +546,14 @@ func TestBusySNATBucketRests(t *testing.T) {
 		}
 	}
 
-	// Rested: the next flow tries the bucket's hand again, finds its
-	// oldest slots still live, and the bucket rests again.
+	// Rested: the next flow of the second backend tries the bucket's
+	// hand again, finds its oldest slots still live (the first backend's),
+	// and the bucket rests again.
 	rested.Rest = 0
 	if err := f.dp.Maps.SNATBucketHands.Put(uint32(0), rested); err != nil {
 		t.Fatal(err)
 	}
-	frame.SrcPort = toFirst[0] + 60000 - 10000 // any client: the tuple is new
+	frame.SrcPort = toSecond[8]
 	f.run(frame.Bytes(), f.nic0)
 	if got := hand(); got.Next != ports+4 || got.Rest <= 0 {
 		t.Fatalf("after the rest the bucket hand is %+v, want two more ports offered and a new rest", got)
@@ -560,8 +561,10 @@ func TestBusySNATBucketRests(t *testing.T) {
 }
 
 // Reverse halves of SNAT flows kept in the NAT map, as a datapath before
-// SNAT slots kept them, still translate replies: pinned maps are adopted
-// across an upgrade and established flows keep working.
+// SNAT slots kept them, still translate replies, and their flows' checks
+// of the reverse half find them although that datapath gave the backend no
+// SNAT bucket: pinned maps are adopted across an upgrade and established
+// flows keep working.
 func TestSNATReverseHalfInNATMapStillServes(t *testing.T) {
 	f := newFixture(t)
 	in, sent, flow := startSNATFlow(t, f)
@@ -579,6 +582,18 @@ func TestSNATReverseHalfInNATMapStillServes(t *testing.T) {
 	if err := f.dp.Maps.NAT.Put(rk, rev); err != nil {
 		t.Fatal(err)
 	}
+	hint := xdp.SNATHint(netip.AddrPortFrom(remotePod1, podPort), nic1Addr, packet.TCP)
+	if err := f.dp.Maps.SNATBucketHints.Put(hint, uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+
+	f.ageFlow(flow.Key())
+	in.Flags = packet.ACK
+	f.expectCounters(map[string]uint64{"redirect": 1}, func() {
+		if out := decode(t, f.run(in.Bytes(), f.nic0).out); out.SrcPort != sent.SrcPort {
+			t.Fatalf("the flow left from SNAT port %d, want %d", out.SrcPort, sent.SrcPort)
+		}
+	})
 
 	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
 	f.expectCounters(map[string]uint64{"reverse_nat": 1, "redirect": 1}, func() {

@@ -185,8 +185,9 @@ struct nat_entry {
  * conntrack entry), not two, and a reply finds its flow without hashing a
  * 5-tuple. snat_slots holds snat_buckets copies of the SNAT port range; the
  * reply tuples of one (backend, node address, protocol) use the copy
- * chosen by a hash of that triple, shared with the other backends hashed
- * there. A port whose slot holds another backend's reply tuple can still be
+ * snat_bucket_hints gives that triple, which other triples share when
+ * there are more of them than copies. A port whose slot holds another
+ * backend's reply tuple can still be
  * this backend's: its reverse half then goes to the nat map (see
  * snat_try_port).
  *

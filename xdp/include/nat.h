@@ -194,8 +194,8 @@ static __always_inline __u32 *snat_hint_of(const struct nat_key *key)
 	return bpf_map_lookup_elem(&snat_bucket_hints, &index);
 }
 
-/* The bucket of a reply tuple; -1 when its triple has none (no slot holds
- * it, and no claim put it in the nat map). */
+/* The bucket of a reply tuple; -1 when its triple has none yet (no slot
+ * holds it: a nat map entry of an older datapath may). */
 static __always_inline int snat_bucket_of(const struct nat_key *key, __u32 buckets)
 {
 	__u32 *hint = snat_hint_of(key);
@@ -234,16 +234,32 @@ static __always_inline int snat_bucket_assign(const struct nat_key *key, __u32 b
 
 /* The slot of a reply tuple whose destination port is a SNAT port: its
  * bucket times the range, plus the port's offset. NULL without a bucket. */
-static __always_inline struct snat_slot *snat_slot_of(const struct nat_key *key,
+static __always_inline struct snat_slot *snat_slot_in(int bucket, const struct nat_key *key,
 						      const struct datapath_config *cfg)
 {
-	int bucket = snat_bucket_of(key, cfg->snat_buckets);
 	__u32 index;
 
 	if (bucket < 0)
 		return NULL;
 	index = (__u32)bucket * snat_range(cfg) + (bpf_ntohs(key->dport) - cfg->snat_port_min);
 	return bpf_map_lookup_elem(&snat_slots, &index);
+}
+
+/* The slot that holds a reply tuple, if any does (for replies). */
+static __always_inline struct snat_slot *snat_slot_of(const struct nat_key *key,
+						      const struct datapath_config *cfg)
+{
+	return snat_slot_in(snat_bucket_of(key, cfg->snat_buckets), key, cfg);
+}
+
+/* The slot whose lock covers a reply tuple, for claims, releases and
+ * repairs: a triple without a bucket gets one (its flows' reverse halves
+ * can be in the nat map, put there by an older datapath, or by a claim
+ * before a resize moved the buckets). */
+static __always_inline struct snat_slot *snat_slot_for(const struct nat_key *key,
+						       const struct datapath_config *cfg)
+{
+	return snat_slot_in(snat_bucket_assign(key, cfg->snat_buckets), key, cfg);
 }
 
 /*
@@ -266,7 +282,7 @@ static __always_inline int snat_holder_gone(const struct nat_key *key, const str
 
 /*
  * A slot's lock covers every claim and release of its index: the reply
- * tuples of all backends hashed to its bucket with its port, whether the
+ * tuples of all backends given its bucket with its port, whether the
  * slot or the nat map holds them. Without it two CPUs could claim one
  * tuple at once, one in the slot and one in the nat map. The lock is the
  * top bit of the generation, which counts the slot's lockings; a program
@@ -325,7 +341,7 @@ static __always_inline int snat_slot_holds(const struct snat_slot *slot, const s
 static __always_inline void snat_release(const struct nat_key *key, const struct ct_key *flow,
 					 const struct datapath_config *cfg)
 {
-	struct snat_slot *slot = snat_slot_of(key, cfg);
+	struct snat_slot *slot = snat_slot_for(key, cfg);
 	struct nat_entry *entry;
 	__u32 generation;
 
@@ -438,7 +454,7 @@ static __always_inline enum snat_try snat_try_port(const struct nat_key *key,
 						   const struct datapath_config *cfg, __u64 now,
 						   enum snat_way way)
 {
-	struct snat_slot *slot = snat_slot_of(key, cfg);
+	struct snat_slot *slot = snat_slot_of(key, cfg); /* the claim gave it a bucket */
 	enum snat_try tried;
 	__u32 generation;
 
@@ -667,7 +683,7 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 
 	if (!snat_port_in_range(cfg, key.dport))
 		return NAT_FAILED;
-	slot = snat_slot_of(&key, cfg);
+	slot = snat_slot_for(&key, cfg);
 	if (!slot)
 		return NAT_FAILED;
 	if (snat_slot_holds(slot, &key) && nat_entry_matches(&slot->rev, flow))
