@@ -841,6 +841,64 @@ func (f *fixture) ageReverse(flow dataplane.Flow) {
 	}
 }
 
+// Backends come and go: a new backend gets the idlest SNAT bucket of the
+// next few in turn, not simply the next one, which a busy backend may
+// still use while the buckets of departed backends sit idle.
+func TestNewBackendsTakeIdleSNATBuckets(t *testing.T) {
+	f := newFixture(t, withSNATRange(snatMin, snatMin+999)) // 4096 flows: 9 buckets
+	buckets := f.dp.Options().SNATBuckets()
+	if buckets != 9 {
+		t.Fatalf("%d SNAT buckets, want 9", buckets)
+	}
+	web := benchService(5) // backends 100-104 take buckets 0-4
+	f.program(web)
+	client := uint16(1)
+	sendTo := func(s service, ids ...uint32) {
+		t.Helper()
+		for _, id := range ids {
+			frame := tcpFrame(netip.AddrFrom4([4]byte{100, 64, 0, 1}), 0, nodeAddr, nodePort, packet.SYN, "")
+			for frame.SrcPort = client; expectedBackend(s, frame) != id; frame.SrcPort++ {
+			}
+			client = frame.SrcPort + 1
+			f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpRedirect)
+		}
+	}
+	sendTo(web, 100, 101, 102, 103, 104)
+	time.Sleep(50 * time.Millisecond) // the claim clock is coarse
+
+	// 103 and 104 leave, six backends arrive: round robin would give the
+	// last two of them the buckets of 100 and 101, which stay busy.
+	for i := range 6 {
+		id := uint32(105 + i)
+		web.backends[id] = dataplane.Backend{Addr: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + 5 + i)}), Port: podPort}
+	}
+	staying := []uint32{100, 101, 102, 105, 106, 107, 108, 109, 110}
+	for i := range web.table {
+		web.table[i] = staying[i%len(staying)]
+	}
+	f.program(web)
+	sendTo(web, 100, 101, 102)
+	time.Sleep(50 * time.Millisecond)
+	sendTo(web, 105, 106, 107, 108, 109, 110)
+
+	taken := map[uint32]uint32{}
+	for _, id := range staying {
+		backend := netip.AddrPortFrom(web.backends[id].Addr, podPort)
+		var hint uint32
+		if err := f.dp.Maps.SNATBucketHints.Lookup(xdp.SNATHint(backend, nic1Addr, packet.TCP), &hint); err != nil {
+			t.Fatal(err)
+		}
+		bucket, ok := xdp.SNATHintBucket(hint, buckets)
+		if !ok {
+			t.Fatalf("backend %d has no SNAT bucket", id)
+		}
+		if other, shared := taken[bucket]; shared {
+			t.Errorf("backends %d and %d share SNAT bucket %d", other, id, bucket)
+		}
+		taken[bucket] = id
+	}
+}
+
 // snatSlotInFirstBucket gives the reply tuples from backend to natAddr the
 // first SNAT bucket and returns the index of port's slot there.
 func (f *fixture) snatSlotInFirstBucket(backend netip.AddrPort, natAddr netip.Addr, proto uint8, port uint16) uint32 {

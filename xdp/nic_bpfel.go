@@ -207,9 +207,10 @@ type NicNatKey struct {
 }
 
 type NicSnatBucketHand struct {
-	_    structs.HostLayout
-	Next uint32
-	Rest int32
+	_           structs.HostLayout
+	Next        uint32
+	Rest        int32
+	LastClaimNs uint64
 }
 
 type NicSnatHints uint32

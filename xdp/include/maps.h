@@ -405,8 +405,9 @@ struct {
 /* Which bucket a (backend, node address, protocol) triple's reply tuples
  * use: entries 0..SNAT_BUCKET_HINTS-1, found by a hash of the triple, hold
  * bucket + 1 (0: none yet); entry SNAT_HINT_NEXT counts the buckets handed
- * out, so the next triple gets the next bucket (see snat_bucket_of in
- * nat.h). Triples whose hashes meet share a bucket. */
+ * out: the next triple's bucket is the idlest of those that follow (see
+ * snat_bucket_assign in nat.h). Triples whose hashes meet share a bucket,
+ * and a hint stays when its backend goes (its flows may live on). */
 enum snat_hints {
 	SNAT_BUCKET_HINTS = 4096,
 	SNAT_HINT_NEXT = SNAT_BUCKET_HINTS,
@@ -424,6 +425,7 @@ struct {
 struct snat_bucket_hand {
 	__u32 next; /* slots offered so far; mod the range: the next */
 	__s32 rest; /* claims left that skip this hand (it offered live slots) */
+	__u64 last_claim_ns; /* when a port of this bucket was last claimed */
 };
 
 struct {

@@ -61,6 +61,7 @@
 #define SNAT_BUCKET_ATTEMPTS 16
 #define SNAT_BUCKET_BUSY_SLOTS 2
 #define SNAT_BUCKET_REST_CLAIMS 256
+#define SNAT_ASSIGN_CANDIDATES 8
 #define SNAT_BACKEND_ATTEMPTS 4
 #define SNAT_RANDOM_ATTEMPTS 32
 
@@ -177,8 +178,8 @@ static __always_inline __u32 snat_range(const struct datapath_config *cfg)
  * Which bucket holds the reply tuples of one (backend, node address,
  * protocol): its entry in snat_bucket_hints, found by a hash of the triple
  * (the port is not part of it). A triple gets a bucket on its first SNAT
- * claim, in turn from SNAT_HINT_NEXT, so busy backends do not share a
- * bucket while there are buckets to spare: backends hashed to one bucket
+ * claim (snat_bucket_assign), so busy backends do not share a bucket
+ * while there are buckets to spare: backends hashed to one bucket
  * shared its hand, which then came round to slots whose flows still lived,
  * and the lookups of those holders kept the sharing backends' flows in the
  * LRU at the others' expense until their ranges ran out (with 16 backends
@@ -207,13 +208,19 @@ static __always_inline int snat_bucket_of(const struct nat_key *key, __u32 bucke
 	return bucket && bucket <= buckets ? (int)bucket - 1 : -1;
 }
 
-/* The bucket a claim for this reply tuple uses, giving its triple the next
- * one in turn if it has none yet; -1 on a map failure. */
+/*
+ * The bucket a claim for this reply tuple uses. A triple without one gets
+ * the idlest of the next SNAT_ASSIGN_CANDIDATES buckets in turn (the one
+ * whose last claim is oldest): backends come and go, and a bucket given
+ * only in turn would come round to one a busy backend still uses while
+ * those of departed backends sit idle. -1 on a map failure.
+ */
 static __always_inline int snat_bucket_assign(const struct nat_key *key, __u32 buckets)
 {
 	__u32 next_index = SNAT_HINT_NEXT;
 	__u32 *hint = snat_hint_of(key);
-	__u32 seen, want, prev, *next;
+	__u32 seen, want, prev, first, best, i, *next;
+	__u64 now, idle_ns, best_idle_ns = 0;
 
 	if (!hint || !buckets)
 		return -1;
@@ -223,7 +230,22 @@ static __always_inline int snat_bucket_assign(const struct nat_key *key, __u32 b
 	next = bpf_map_lookup_elem(&snat_bucket_hints, &next_index);
 	if (!next)
 		return -1;
-	want = __sync_fetch_and_add(next, 1) % buckets + 1;
+	now = bpf_ktime_get_coarse_ns();
+	first = __sync_fetch_and_add(next, 1) % buckets;
+	best = first;
+	for (i = 0; i < SNAT_ASSIGN_CANDIDATES && i < buckets; i++) {
+		__u32 bucket = (first + i) % buckets;
+		struct snat_bucket_hand *hand = bpf_map_lookup_elem(&snat_bucket_hands, &bucket);
+
+		if (!hand)
+			continue;
+		idle_ns = now - READ_ONCE(hand->last_claim_ns);
+		if (idle_ns > best_idle_ns) {
+			best = bucket;
+			best_idle_ns = idle_ns;
+		}
+	}
+	want = best + 1;
 	/* Another CPU may give the triple a bucket at the same time: the
 	 * first one wins. */
 	prev = __sync_val_compare_and_swap(hint, seen, want);
@@ -576,8 +598,14 @@ static __always_inline int snat_claim(const struct ct_key *flow, struct ct_entry
 			     cfg->hash_seed ^ 0x5a5a5a5a);
 	bpf_loop(SNAT_BUCKET_ATTEMPTS + SNAT_BACKEND_ATTEMPTS + SNAT_RANDOM_ATTEMPTS, snat_claim_try,
 		 &c, 0);
-	if (c.result == 0)
+	if (c.result == 0) {
+		struct snat_bucket_hand *hand = bpf_map_lookup_elem(&snat_bucket_hands, &c.bucket);
+
+		/* The clock is coarse: written about once a tick. */
+		if (hand && READ_ONCE(hand->last_claim_ns) != now)
+			WRITE_ONCE(hand->last_claim_ns, now);
 		ct->nat_port = key->dport;
+	}
 	return c.result;
 }
 
