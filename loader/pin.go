@@ -50,7 +50,9 @@ var errSlotsUnhinted = errors.New("SNAT slots placed without bucket hints")
 // adoptPinnedMaps checks every pinned map against the spec. A compatible
 // map is left for the collection loader to adopt. An incompatible one (a
 // size flag changed) is replaced: flow state is copied into a new map,
-// other maps start empty and are refilled by the control plane.
+// other maps start empty and are refilled by the control plane. SNAT slots
+// are also moved when there are no bucket hints to adopt (a version before
+// them placed the slots by a hash of their backend).
 func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) error {
 	hints, fresh, err := openSNATBucketHints(spec, dir)
 	if err != nil {

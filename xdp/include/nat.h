@@ -404,8 +404,7 @@ static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *ke
 enum snat_try {
 	SNAT_CLAIMED = 0,
 	SNAT_SLOT_LIVE,   /* the port's slot holds another backend's live flow */
-	SNAT_OWN_LIVE,    /* the port's slot holds a live flow of this backend */
-	SNAT_BUSY,        /* the port is otherwise in use for this backend */
+	SNAT_BUSY,        /* the port is in use for this backend, or locked */
 	SNAT_NO_ROOM,     /* the nat map refused the entry */
 };
 
@@ -435,7 +434,7 @@ static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
 		if (way != SNAT_BY_BUCKET)
 			return SNAT_BUSY;
 		if (!snat_holder_gone(&slot->key, &slot->rev, cfg, now))
-			return SNAT_OWN_LIVE;
+			return SNAT_BUSY;
 		in_slot = 1;
 	} else if (way == SNAT_BY_BUCKET) {
 		if (!snat_holder_gone(&slot->key, &slot->rev, cfg, now))
@@ -528,8 +527,10 @@ static long snat_claim_try(__u32 i, void *ctx)
 	__u32 offset, *hand;
 
 	if (i < SNAT_BUCKET_ATTEMPTS) {
+		if (c->resting)
+			return 0;
 		bucket = bpf_map_lookup_elem(&snat_bucket_hands, &c->bucket);
-		if (!bucket || c->resting)
+		if (!bucket)
 			return 0;
 		if (i == 0 && READ_ONCE(bucket->rest) > 0) {
 			/* One claim, one less to rest; two CPUs may take the
