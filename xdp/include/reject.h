@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * reject.h - refusing a client from XDP: a TCP RST, or an ICMP port
- * unreachable for UDP, built in place from the client's packet and sent
- * back out of the device it came in on (XDP_TX). The reply comes from the
+ * reject.h - refusing a client: a TCP RST, or an ICMP port unreachable for
+ * UDP. The headers are built the same way for both hooks; XDP builds them
+ * in place in the client's packet and sends it back out of the device it
+ * came in on (XDP_TX); TC does the same through skb helpers (skb_refuse). The reply comes from the
  * address the client connected to, as kube-proxy's REJECT rule does.
  */
 #ifndef XDPLB_REJECT_H
@@ -45,50 +46,71 @@ static __always_inline void ipv4_header_init(struct iphdr *ip, __be32 saddr, __b
 	ip->check = ~csum_fold32(csum_words((__u16 *)ip, sizeof(*ip) / 2, 0));
 }
 
-/* Answer a TCP segment with a RST (RFC 9293, 3.10.7.1). */
-static __always_inline int xdp_reply_tcp_rst(struct xdp_md *ctx, struct packet *pkt)
+/*
+ * The IPv4 and TCP headers of the RST that answers a TCP segment (RFC 9293,
+ * 3.10.7.1), from the segment's addresses, ports and flags in pkt, its
+ * sequence numbers and its payload length. ip and tcp may point into the
+ * segment itself: nothing is read from them.
+ */
+static __always_inline void tcp_rst_init(struct iphdr *ip, struct tcphdr *tcp,
+					 const struct packet *pkt, __be32 seq, __be32 ack_seq,
+					 __u32 payload_len)
 {
-	struct ethhdr *eth = pkt->eth;
-	struct iphdr *ip = pkt->ip;
-	struct tcphdr *tcp = pkt->l4;
-	__be32 client = pkt->saddr, frontend = pkt->daddr;
-	__be16 client_port = pkt->sport, frontend_port = pkt->dport;
-	__u8 flags = pkt->tcp_flags;
-	__u32 seg_len, acc;
-	__be32 seq, ack;
+	__u32 seg_len = payload_len, acc;
 
-	if ((void *)(tcp + 1) > pkt->data_end)
-		return XDP_DROP;
-	seg_len = bpf_ntohs(ip->tot_len) - sizeof(*ip) - tcp->doff * 4;
-	if (flags & TCP_FLAG_SYN)
+	if (pkt->tcp_flags & TCP_FLAG_SYN)
 		seg_len++;
-	if (flags & TCP_FLAG_FIN)
+	if (pkt->tcp_flags & TCP_FLAG_FIN)
 		seg_len++;
-	if (flags & TCP_FLAG_ACK) {
-		seq = tcp->ack_seq;
-		ack = 0;
-	} else {
-		seq = 0;
-		ack = bpf_htonl(bpf_ntohl(tcp->seq) + seg_len);
-	}
-
-	swap_macs(eth);
-	ipv4_header_init(ip, frontend, client, IPPROTO_TCP, sizeof(*ip) + sizeof(*tcp));
+	ipv4_header_init(ip, pkt->daddr, pkt->saddr, IPPROTO_TCP, sizeof(*ip) + sizeof(*tcp));
 
 	__builtin_memset(tcp, 0, sizeof(*tcp));
-	tcp->source = frontend_port;
-	tcp->dest = client_port;
-	tcp->seq = seq;
-	tcp->ack_seq = ack;
+	tcp->source = pkt->dport;
+	tcp->dest = pkt->sport;
 	tcp->doff = sizeof(*tcp) / 4;
 	tcp->rst = 1;
-	tcp->ack = !(flags & TCP_FLAG_ACK);
+	if (pkt->tcp_flags & TCP_FLAG_ACK) {
+		tcp->seq = ack_seq;
+	} else {
+		tcp->ack = 1;
+		tcp->ack_seq = bpf_htonl(bpf_ntohl(seq) + seg_len);
+	}
 
 	/* Pseudo header: addresses, protocol, TCP length. */
 	acc = csum_words((__u16 *)&ip->saddr, 4, 0);
 	acc += bpf_htons(IPPROTO_TCP) + bpf_htons(sizeof(*tcp));
 	acc = csum_words((__u16 *)tcp, sizeof(*tcp) / 2, acc);
 	tcp->check = ~csum_fold32(acc);
+}
+
+/*
+ * The IPv4 and ICMP headers of a port unreachable about pkt; the quote
+ * (ICMP_QUOTE_LEN bytes) must follow icmp already, as the checksum covers it.
+ */
+static __always_inline void icmp_port_unreachable_init(struct iphdr *ip, struct icmphdr *icmp,
+						       const struct packet *pkt)
+{
+	ipv4_header_init(ip, pkt->daddr, pkt->saddr, IPPROTO_ICMP,
+			 ICMP_PREPEND_LEN + ICMP_QUOTE_LEN);
+	icmp->type = ICMP_DEST_UNREACH;
+	icmp->code = ICMP_PORT_UNREACH;
+	icmp->checksum = 0;
+	icmp->un.gateway = 0;
+	icmp->checksum = ~csum_fold32(
+		csum_words((__u16 *)icmp, (sizeof(*icmp) + ICMP_QUOTE_LEN) / 2, 0));
+}
+
+/* Answer a TCP segment with a RST, in place. */
+static __always_inline int xdp_reply_tcp_rst(struct xdp_md *ctx, struct packet *pkt)
+{
+	struct iphdr *ip = pkt->ip;
+	struct tcphdr *tcp = pkt->l4;
+
+	if ((void *)(tcp + 1) > pkt->data_end)
+		return XDP_DROP;
+	swap_macs(pkt->eth);
+	tcp_rst_init(ip, tcp, pkt, tcp->seq, tcp->ack_seq,
+		     bpf_ntohs(ip->tot_len) - sizeof(*ip) - tcp->doff * 4);
 
 	if (pkt->len > RST_FRAME_LEN &&
 	    bpf_xdp_adjust_tail(ctx, (int)RST_FRAME_LEN - (int)pkt->len)) {
@@ -101,12 +123,10 @@ static __always_inline int xdp_reply_tcp_rst(struct xdp_md *ctx, struct packet *
 /* Answer a UDP datagram with ICMP destination/port unreachable. */
 static __always_inline int xdp_reply_icmp_port_unreachable(struct xdp_md *ctx, struct packet *pkt)
 {
-	__be32 client = pkt->saddr, frontend = pkt->daddr;
 	__u32 old_len = pkt->len;
 	struct ethhdr *eth, *old_eth;
-	struct iphdr *ip;
-	struct icmphdr *icmp;
 	void *data, *data_end;
+	struct iphdr *ip;
 
 	if (bpf_xdp_adjust_head(ctx, -(int)ICMP_PREPEND_LEN))
 		goto fail;
@@ -122,18 +142,8 @@ static __always_inline int xdp_reply_icmp_port_unreachable(struct xdp_md *ctx, s
 	__builtin_memcpy(eth->h_dest, old_eth->h_source, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, old_eth->h_dest, ETH_ALEN);
 	eth->h_proto = bpf_htons(ETH_P_IP);
-
 	ip = (void *)(eth + 1);
-	ipv4_header_init(ip, frontend, client, IPPROTO_ICMP,
-			 ICMP_PREPEND_LEN + ICMP_QUOTE_LEN);
-
-	icmp = (void *)(ip + 1);
-	icmp->type = ICMP_DEST_UNREACH;
-	icmp->code = ICMP_PORT_UNREACH;
-	icmp->checksum = 0;
-	icmp->un.gateway = 0;
-	icmp->checksum = ~csum_fold32(
-		csum_words((__u16 *)icmp, (sizeof(*icmp) + ICMP_QUOTE_LEN) / 2, 0));
+	icmp_port_unreachable_init(ip, (void *)(ip + 1), pkt);
 
 	if (bpf_xdp_adjust_tail(ctx, (int)ICMP_FRAME_LEN - (int)(old_len + ICMP_PREPEND_LEN)))
 		goto fail;

@@ -176,8 +176,8 @@ send:
 
 /*
  * Refuse a client from TC: turn its packet into a TCP RST or an ICMP port
- * unreachable (built like reject.h does in XDP) and send it back out of the
- * interface it came in on. The caller counts why.
+ * unreachable (headers from reject.h) and send it back out of the interface
+ * it came in on. The caller counts why.
  */
 static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
 {
@@ -193,34 +193,14 @@ static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
 		goto fail;
 	swap_macs(eth);
 	if (pkt->proto == IPPROTO_TCP) {
-		struct tcphdr *tcp = (void *)(ip + 1);
 		struct tcphdr in;
-		__u32 seg_len, acc;
 
 		if (pkt->tcp_flags & TCP_FLAG_RST)
 			return TC_ACT_SHOT;
 		if (bpf_skb_load_bytes(skb, pkt->l4_off, &in, sizeof(in)))
 			goto fail;
-		seg_len = pkt->tot_len - (pkt->l4_off - sizeof(*eth)) - in.doff * 4;
-		if (pkt->tcp_flags & TCP_FLAG_SYN)
-			seg_len++;
-		if (pkt->tcp_flags & TCP_FLAG_FIN)
-			seg_len++;
-		ipv4_header_init(ip, pkt->daddr, pkt->saddr, IPPROTO_TCP, sizeof(*ip) + sizeof(*tcp));
-		tcp->source = pkt->dport;
-		tcp->dest = pkt->sport;
-		tcp->doff = sizeof(*tcp) / 4;
-		tcp->rst = 1;
-		if (pkt->tcp_flags & TCP_FLAG_ACK) {
-			tcp->seq = in.ack_seq;
-		} else {
-			tcp->ack = 1;
-			tcp->ack_seq = bpf_htonl(bpf_ntohl(in.seq) + seg_len);
-		}
-		acc = csum_words((__u16 *)&ip->saddr, 4, 0);
-		acc += bpf_htons(IPPROTO_TCP) + bpf_htons(sizeof(*tcp));
-		acc = csum_words((__u16 *)tcp, sizeof(*tcp) / 2, acc);
-		tcp->check = ~csum_fold32(acc);
+		tcp_rst_init(ip, (void *)(ip + 1), pkt, in.seq, in.ack_seq,
+			     pkt->tot_len - (pkt->l4_off - sizeof(*eth)) - in.doff * 4);
 		len = RST_FRAME_LEN;
 	} else {
 		struct icmphdr *icmp = (void *)(ip + 1);
@@ -230,12 +210,7 @@ static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
 		if (bpf_skb_load_bytes(skb, sizeof(*eth), icmp + 1, sizeof(struct iphdr)) ||
 		    bpf_skb_load_bytes(skb, pkt->l4_off, (void *)(icmp + 1) + sizeof(struct iphdr), 8))
 			goto fail;
-		ipv4_header_init(ip, pkt->daddr, pkt->saddr, IPPROTO_ICMP,
-				 ICMP_PREPEND_LEN + ICMP_QUOTE_LEN);
-		icmp->type = ICMP_DEST_UNREACH;
-		icmp->code = ICMP_PORT_UNREACH;
-		icmp->checksum = ~csum_fold32(
-			csum_words((__u16 *)icmp, (sizeof(*icmp) + ICMP_QUOTE_LEN) / 2, 0));
+		icmp_port_unreachable_init(ip, icmp, pkt);
 		len = ICMP_FRAME_LEN;
 	}
 	if (bpf_skb_change_tail(skb, len, 0) || bpf_skb_store_bytes(skb, 0, eth, len, 0))
