@@ -899,6 +899,73 @@ func TestNewBackendsTakeIdleSNATBuckets(t *testing.T) {
 	}
 }
 
+// When backends leave, the agent releases their SNAT bucket hints
+// (dataplane.ReleaseSNATHints): a new backend whose hash meets a departed
+// one's hint would otherwise share the bucket the hint names, which the
+// datapath has meanwhile given to another backend. Hints of backends still
+// in the map stay, and so does the turn counter.
+func TestDepartedBackendsReleaseTheirSNATHints(t *testing.T) {
+	f := newFixture(t, withSNATRange(snatMin, snatMin+999))
+	web := benchService(3) // backends 100-102
+	f.program(web)
+	client := uint16(1)
+	for _, id := range []uint32{100, 101, 102} {
+		frame := tcpFrame(netip.AddrFrom4([4]byte{100, 64, 0, 1}), 0, nodeAddr, nodePort, packet.SYN, "")
+		for frame.SrcPort = client; expectedBackend(web, frame) != id; frame.SrcPort++ {
+		}
+		client = frame.SrcPort + 1
+		f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpRedirect)
+	}
+	hintOf := func(id uint32) uint32 {
+		t.Helper()
+		var hint uint32
+		backend := netip.AddrPortFrom(web.backends[id].Addr, podPort)
+		if err := f.dp.Maps.SNATBucketHints.Lookup(xdp.SNATHint(backend, nic1Addr, packet.TCP), &hint); err != nil {
+			t.Fatal(err)
+		}
+		return hint
+	}
+	var turns uint32
+	if err := f.dp.Maps.SNATBucketHints.Lookup(xdp.SNATHintNext, &turns); err != nil {
+		t.Fatal(err)
+	}
+	kept := map[uint32]uint32{100: hintOf(100), 102: hintOf(102)}
+	for id, hint := range kept {
+		if hint == 0 {
+			t.Fatalf("backend %d got no SNAT bucket from its flow", id)
+		}
+	}
+	if hintOf(101) == 0 {
+		t.Fatal("backend 101 got no SNAT bucket from its flow")
+	}
+
+	// Nothing has left yet: nothing to release.
+	if n, err := f.maps.ReleaseSNATHints(); err != nil || n != 0 {
+		t.Fatalf("released %d hints (%v) with every backend in place, want 0", n, err)
+	}
+	if err := f.maps.DeleteBackend(101); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.maps.ReleaseSNATHints(); err != nil || n != 1 {
+		t.Fatalf("released %d hints (%v) after backend 101 left, want 1", n, err)
+	}
+	if hint := hintOf(101); hint != 0 {
+		t.Errorf("departed backend 101 still names SNAT bucket %d", hint-1)
+	}
+	for id, want := range kept {
+		if got := hintOf(id); got != want {
+			t.Errorf("backend %d: hint %d after the release, want %d", id, got, want)
+		}
+	}
+	var after uint32
+	if err := f.dp.Maps.SNATBucketHints.Lookup(xdp.SNATHintNext, &after); err != nil {
+		t.Fatal(err)
+	}
+	if after != turns {
+		t.Errorf("turn counter %d after the release, want %d", after, turns)
+	}
+}
+
 // snatSlotInFirstBucket gives the reply tuples from backend to natAddr the
 // first SNAT bucket and returns the index of port's slot there.
 func (f *fixture) snatSlotInFirstBucket(backend netip.AddrPort, natAddr netip.Addr, proto uint8, port uint16) uint32 {

@@ -56,6 +56,7 @@ type Agent struct {
 
 	started      time.Time
 	syncs        uint64
+	hintSweep    hintSweep
 	lastTrigger  map[string]time.Time // service port key -> last-change-trigger-time observed
 	seenProblems map[string]bool
 }
@@ -109,6 +110,7 @@ func assemble(cfg Config, log *slog.Logger, src source.Source, dp *loader.Datapa
 		plane:        dataplane.New(&dp.Maps),
 		trigger:      make(chan struct{}, 1),
 		started:      time.Now(),
+		hintSweep:    newHintSweep(snatHintSweepEvery),
 		lastTrigger:  map[string]time.Time{},
 		seenProblems: map[string]bool{},
 		model:        model.NewIncremental(),
@@ -289,6 +291,37 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 	}
 }
 
+// hintSweep decides when a sync clears the SNAT bucket hints of departed
+// backends (dataplane.ReleaseSNATHints): after a sync that removed
+// backends, and after the first one (pinned maps may keep hints of
+// backends that left while no agent ran), at most once per interval.
+// Stale hints only matter once many have piled up, and the sweep hashes
+// every backend, so it need not follow each removal.
+type hintSweep struct {
+	every   time.Duration
+	pending bool
+	last    time.Time
+}
+
+// newHintSweep returns a sweep due at the first sync.
+func newHintSweep(every time.Duration) hintSweep { return hintSweep{every: every, pending: true} }
+
+// due records a sync that removed `removed` backends and reports whether
+// the sweep runs now.
+func (h *hintSweep) due(removed int, now time.Time) bool {
+	if removed > 0 {
+		h.pending = true
+	}
+	if !h.pending || (!h.last.IsZero() && now.Sub(h.last) < h.every) {
+		return false
+	}
+	h.pending, h.last = false, now
+	return true
+}
+
+// snatHintSweepEvery bounds how often the agent sweeps SNAT bucket hints.
+const snatHintSweepEvery = time.Minute
+
 // releaseAfterTables is the number of tables written by one sync after
 // which the agent hands freed memory back to the OS.
 const releaseAfterTables = 1000
@@ -371,6 +404,13 @@ func (a *Agent) sync(ctx context.Context) error {
 				a.log.Info("flows of removed backends purged", "flows", n)
 			}
 		}()
+	}
+	if a.hintSweep.due(len(res.RemovedBackends), time.Now()) {
+		if n, err := a.plane.ReleaseSNATHints(); err != nil {
+			a.log.Warn("release SNAT bucket hints of departed backends", "error", err)
+		} else if n > 0 {
+			a.log.Debug("SNAT bucket hints of departed backends released", "hints", n)
+		}
 	}
 	a.syncHealthCheckNodePorts(state)
 	if res.TablesWritten >= releaseAfterTables {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -133,5 +134,30 @@ func TestFailedStartDetaches(t *testing.T) {
 	}
 	if loader.NICAttached(opts.PinRoot, "edge0") {
 		t.Error("after a failed start, edge0's links are still pinned")
+	}
+}
+
+// The SNAT hint sweep runs at the first sync, then only after backends
+// left, and no more often than its interval.
+func TestHintSweepIsDue(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	syncs := []struct {
+		at      time.Duration // since start
+		removed int
+		want    bool
+	}{
+		{0, 0, true},                 // first sync: hints from before a restart
+		{time.Second, 0, false},      // nothing left since
+		{2 * time.Second, 3, false},  // backends left, but too soon
+		{30 * time.Second, 0, false}, // still pending, still too soon
+		{61 * time.Second, 0, true},  // pending and due
+		{200 * time.Second, 0, false},
+		{201 * time.Second, 1, true}, // due at once: the last sweep is long ago
+	}
+	h := newHintSweep(time.Minute)
+	for i, s := range syncs {
+		if got := h.due(s.removed, start.Add(s.at)); got != s.want {
+			t.Errorf("sync %d (at %s, %d removed): due %v, want %v", i, s.at, s.removed, got, s.want)
+		}
 	}
 }

@@ -406,8 +406,9 @@ struct {
  * use: entries 0..SNAT_BUCKET_HINTS-1, found by a hash of the triple, hold
  * bucket + 1 (0: none yet); entry SNAT_HINT_NEXT counts the buckets handed
  * out: the next triple's bucket is the idlest of those that follow (see
- * snat_bucket_assign in nat.h). Triples whose hashes meet share a bucket,
- * and a hint stays when its backend goes (its flows may live on). */
+ * snat_bucket_assign in nat.h). Triples whose hashes meet share a bucket.
+ * The datapath never clears a hint (a backend's flows may outlive it); the
+ * agent clears those of departed backends (dataplane.ReleaseSNATHints). */
 enum snat_hints {
 	SNAT_BUCKET_HINTS = 4096,
 	SNAT_HINT_NEXT = SNAT_BUCKET_HINTS,
