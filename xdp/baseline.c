@@ -17,8 +17,11 @@
  *                a new source address each run) and tail-calls
  *                bench_progs[0]: benchmarks of translating programs use it
  *                so every iteration sees the original input (the kernel
- *                reuses one buffer across repetitions); its own cost is
- *                measured by tail-calling xdp_pass.
+ *                reuses one buffer across repetitions).
+ *   xdp_restore_alongside
+ *                the same with its own template and program: set to the same
+ *                frame and xdp_pass, it measures xdp_restore's own cost in
+ *                turn with the program behind it.
  *   xdp_sink     counts and drops: the receiving end of the perf suite.
  *   xdp_fwd      the perf suite's forwarding baseline: rewrites the MACs
  *                for the egress port configured for the ingress device and
@@ -48,19 +51,25 @@ struct frame_template {
 
 #define SADDR_OFFSET (sizeof(struct ethhdr) + 12)
 
-struct {
+struct frame_templates {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct frame_template);
-} bench_template SEC(".maps");
+};
 
-struct {
+struct bench_prog_slots {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u32);
-} bench_progs SEC(".maps");
+};
+
+struct frame_templates bench_template SEC(".maps");
+struct bench_prog_slots bench_progs SEC(".maps");
+/* The same for xdp_restore_alongside. */
+struct frame_templates bench_template_alongside SEC(".maps");
+struct bench_prog_slots bench_progs_alongside SEC(".maps");
 
 struct sink_counter {
 	__u64 packets;
@@ -163,11 +172,11 @@ int xdp_lru_insert(struct xdp_md *ctx)
 	return XDP_TX;
 }
 
-SEC("xdp")
-int xdp_restore(struct xdp_md *ctx)
+/* Copy the template over the packet and tail-call the program. */
+static __always_inline int restore_and_call(struct xdp_md *ctx, void *templates, void *progs)
 {
 	__u32 zero = 0;
-	struct frame_template *tmpl = bpf_map_lookup_elem(&bench_template, &zero);
+	struct frame_template *tmpl = bpf_map_lookup_elem(templates, &zero);
 	__u32 len;
 
 	if (!tmpl)
@@ -187,8 +196,20 @@ int xdp_restore(struct xdp_md *ctx)
 		if (bpf_xdp_store_bytes(ctx, SADDR_OFFSET, &saddr, sizeof(saddr)))
 			return XDP_ABORTED;
 	}
-	bpf_tail_call(ctx, &bench_progs, 0);
+	bpf_tail_call(ctx, progs, 0);
 	return XDP_ABORTED;
+}
+
+SEC("xdp")
+int xdp_restore(struct xdp_md *ctx)
+{
+	return restore_and_call(ctx, &bench_template, &bench_progs);
+}
+
+SEC("xdp")
+int xdp_restore_alongside(struct xdp_md *ctx)
+{
+	return restore_and_call(ctx, &bench_template_alongside, &bench_progs_alongside);
 }
 
 SEC("xdp")

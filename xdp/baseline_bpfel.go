@@ -84,22 +84,25 @@ type BaselineSinkCounter struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	BaselineMapBenchProgs    = "bench_progs"
-	BaselineMapBenchTemplate = "bench_template"
-	BaselineMapFwdPorts      = "fwd_ports"
-	BaselineMapFwdRoutes     = "fwd_routes"
-	BaselineMapGenCfg        = "gen_cfg"
-	BaselineMapGenCounters   = "gen_counters"
-	BaselineMapGenTuples     = "gen_tuples"
-	BaselineMapLruFloor      = "lru_floor"
-	BaselineMapSinkStats     = "sink_stats"
-	BaselineProgXdpFwd       = "xdp_fwd"
-	BaselineProgXdpGen       = "xdp_gen"
-	BaselineProgXdpLruInsert = "xdp_lru_insert"
-	BaselineProgXdpMacswap   = "xdp_macswap"
-	BaselineProgXdpPass      = "xdp_pass"
-	BaselineProgXdpRestore   = "xdp_restore"
-	BaselineProgXdpSink      = "xdp_sink"
+	BaselineMapBenchProgs             = "bench_progs"
+	BaselineMapBenchProgsAlongside    = "bench_progs_alongside"
+	BaselineMapBenchTemplate          = "bench_template"
+	BaselineMapBenchTemplateAlongside = "bench_template_alongside"
+	BaselineMapFwdPorts               = "fwd_ports"
+	BaselineMapFwdRoutes              = "fwd_routes"
+	BaselineMapGenCfg                 = "gen_cfg"
+	BaselineMapGenCounters            = "gen_counters"
+	BaselineMapGenTuples              = "gen_tuples"
+	BaselineMapLruFloor               = "lru_floor"
+	BaselineMapSinkStats              = "sink_stats"
+	BaselineProgXdpFwd                = "xdp_fwd"
+	BaselineProgXdpGen                = "xdp_gen"
+	BaselineProgXdpLruInsert          = "xdp_lru_insert"
+	BaselineProgXdpMacswap            = "xdp_macswap"
+	BaselineProgXdpPass               = "xdp_pass"
+	BaselineProgXdpRestore            = "xdp_restore"
+	BaselineProgXdpRestoreAlongside   = "xdp_restore_alongside"
+	BaselineProgXdpSink               = "xdp_sink"
 )
 
 // LoadBaseline returns the embedded CollectionSpec for Baseline.
@@ -144,28 +147,31 @@ type BaselineSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaselineProgramSpecs struct {
-	XdpFwd       *ebpf.ProgramSpec `ebpf:"xdp_fwd"`
-	XdpGen       *ebpf.ProgramSpec `ebpf:"xdp_gen"`
-	XdpLruInsert *ebpf.ProgramSpec `ebpf:"xdp_lru_insert"`
-	XdpMacswap   *ebpf.ProgramSpec `ebpf:"xdp_macswap"`
-	XdpPass      *ebpf.ProgramSpec `ebpf:"xdp_pass"`
-	XdpRestore   *ebpf.ProgramSpec `ebpf:"xdp_restore"`
-	XdpSink      *ebpf.ProgramSpec `ebpf:"xdp_sink"`
+	XdpFwd              *ebpf.ProgramSpec `ebpf:"xdp_fwd"`
+	XdpGen              *ebpf.ProgramSpec `ebpf:"xdp_gen"`
+	XdpLruInsert        *ebpf.ProgramSpec `ebpf:"xdp_lru_insert"`
+	XdpMacswap          *ebpf.ProgramSpec `ebpf:"xdp_macswap"`
+	XdpPass             *ebpf.ProgramSpec `ebpf:"xdp_pass"`
+	XdpRestore          *ebpf.ProgramSpec `ebpf:"xdp_restore"`
+	XdpRestoreAlongside *ebpf.ProgramSpec `ebpf:"xdp_restore_alongside"`
+	XdpSink             *ebpf.ProgramSpec `ebpf:"xdp_sink"`
 }
 
 // BaselineMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BaselineMapSpecs struct {
-	BenchProgs    *ebpf.MapSpec `ebpf:"bench_progs"`
-	BenchTemplate *ebpf.MapSpec `ebpf:"bench_template"`
-	FwdPorts      *ebpf.MapSpec `ebpf:"fwd_ports"`
-	FwdRoutes     *ebpf.MapSpec `ebpf:"fwd_routes"`
-	GenCfg        *ebpf.MapSpec `ebpf:"gen_cfg"`
-	GenCounters   *ebpf.MapSpec `ebpf:"gen_counters"`
-	GenTuples     *ebpf.MapSpec `ebpf:"gen_tuples"`
-	LruFloor      *ebpf.MapSpec `ebpf:"lru_floor"`
-	SinkStats     *ebpf.MapSpec `ebpf:"sink_stats"`
+	BenchProgs             *ebpf.MapSpec `ebpf:"bench_progs"`
+	BenchProgsAlongside    *ebpf.MapSpec `ebpf:"bench_progs_alongside"`
+	BenchTemplate          *ebpf.MapSpec `ebpf:"bench_template"`
+	BenchTemplateAlongside *ebpf.MapSpec `ebpf:"bench_template_alongside"`
+	FwdPorts               *ebpf.MapSpec `ebpf:"fwd_ports"`
+	FwdRoutes              *ebpf.MapSpec `ebpf:"fwd_routes"`
+	GenCfg                 *ebpf.MapSpec `ebpf:"gen_cfg"`
+	GenCounters            *ebpf.MapSpec `ebpf:"gen_counters"`
+	GenTuples              *ebpf.MapSpec `ebpf:"gen_tuples"`
+	LruFloor               *ebpf.MapSpec `ebpf:"lru_floor"`
+	SinkStats              *ebpf.MapSpec `ebpf:"sink_stats"`
 }
 
 // BaselineVariableSpecs contains global variables before they are loaded into the kernel.
@@ -194,21 +200,25 @@ func (o *BaselineObjects) Close() error {
 //
 // It can be passed to LoadBaselineObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BaselineMaps struct {
-	BenchProgs    *ebpf.Map `ebpf:"bench_progs"`
-	BenchTemplate *ebpf.Map `ebpf:"bench_template"`
-	FwdPorts      *ebpf.Map `ebpf:"fwd_ports"`
-	FwdRoutes     *ebpf.Map `ebpf:"fwd_routes"`
-	GenCfg        *ebpf.Map `ebpf:"gen_cfg"`
-	GenCounters   *ebpf.Map `ebpf:"gen_counters"`
-	GenTuples     *ebpf.Map `ebpf:"gen_tuples"`
-	LruFloor      *ebpf.Map `ebpf:"lru_floor"`
-	SinkStats     *ebpf.Map `ebpf:"sink_stats"`
+	BenchProgs             *ebpf.Map `ebpf:"bench_progs"`
+	BenchProgsAlongside    *ebpf.Map `ebpf:"bench_progs_alongside"`
+	BenchTemplate          *ebpf.Map `ebpf:"bench_template"`
+	BenchTemplateAlongside *ebpf.Map `ebpf:"bench_template_alongside"`
+	FwdPorts               *ebpf.Map `ebpf:"fwd_ports"`
+	FwdRoutes              *ebpf.Map `ebpf:"fwd_routes"`
+	GenCfg                 *ebpf.Map `ebpf:"gen_cfg"`
+	GenCounters            *ebpf.Map `ebpf:"gen_counters"`
+	GenTuples              *ebpf.Map `ebpf:"gen_tuples"`
+	LruFloor               *ebpf.Map `ebpf:"lru_floor"`
+	SinkStats              *ebpf.Map `ebpf:"sink_stats"`
 }
 
 func (m *BaselineMaps) Close() error {
 	return _BaselineClose(
 		m.BenchProgs,
+		m.BenchProgsAlongside,
 		m.BenchTemplate,
+		m.BenchTemplateAlongside,
 		m.FwdPorts,
 		m.FwdRoutes,
 		m.GenCfg,
@@ -229,13 +239,14 @@ type BaselineVariables struct {
 //
 // It can be passed to LoadBaselineObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BaselinePrograms struct {
-	XdpFwd       *ebpf.Program `ebpf:"xdp_fwd"`
-	XdpGen       *ebpf.Program `ebpf:"xdp_gen"`
-	XdpLruInsert *ebpf.Program `ebpf:"xdp_lru_insert"`
-	XdpMacswap   *ebpf.Program `ebpf:"xdp_macswap"`
-	XdpPass      *ebpf.Program `ebpf:"xdp_pass"`
-	XdpRestore   *ebpf.Program `ebpf:"xdp_restore"`
-	XdpSink      *ebpf.Program `ebpf:"xdp_sink"`
+	XdpFwd              *ebpf.Program `ebpf:"xdp_fwd"`
+	XdpGen              *ebpf.Program `ebpf:"xdp_gen"`
+	XdpLruInsert        *ebpf.Program `ebpf:"xdp_lru_insert"`
+	XdpMacswap          *ebpf.Program `ebpf:"xdp_macswap"`
+	XdpPass             *ebpf.Program `ebpf:"xdp_pass"`
+	XdpRestore          *ebpf.Program `ebpf:"xdp_restore"`
+	XdpRestoreAlongside *ebpf.Program `ebpf:"xdp_restore_alongside"`
+	XdpSink             *ebpf.Program `ebpf:"xdp_sink"`
 }
 
 func (p *BaselinePrograms) Close() error {
@@ -246,6 +257,7 @@ func (p *BaselinePrograms) Close() error {
 		p.XdpMacswap,
 		p.XdpPass,
 		p.XdpRestore,
+		p.XdpRestoreAlongside,
 		p.XdpSink,
 	)
 }

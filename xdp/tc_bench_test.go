@@ -16,7 +16,7 @@ import (
 // ClusterIP flow against a TC program that does nothing, in the same run,
 // restoring the input before every repetition like BenchmarkDatapath.
 func BenchmarkTCDatapath(b *testing.B) {
-	results := &benchResults{ns: map[string]float64{}}
+	results := newBenchResults()
 	f := newFixtureSized(b, 65536, 256)
 	f.program(clusterService(packet.TCP, 80, backendRemote1, backendRemote2))
 	var objs xdp.BaselineTCObjects
