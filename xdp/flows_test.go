@@ -1,12 +1,14 @@
 package xdp_test
 
 import (
+	"context"
 	"encoding/binary"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/control/reconcile"
 	"github.com/xdplb/xdplb/tests/packet"
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -685,6 +687,36 @@ func TestStaleReplyIsDropped(t *testing.T) {
 		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
 	})
 	// The stale reverse entry is gone: the next such reply is not ours.
+	f.expectCounters(map[string]uint64{"pass_not_service": 1}, func() {
+		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpPass)
+	})
+}
+
+// The agent purges the flows of a removed backend (reconcile.PurgeFlows).
+// A late reply from that backend finds the flow's SNAT slot, which the
+// purge leaves to the datapath, but must not bring the flow back.
+func TestPurgedFlowIsNotRebuiltByALateReply(t *testing.T) {
+	f := newFixture(t)
+	_, sent, flow := startSNATFlow(t, f)
+	if err := f.maps.DeleteBackend(flow.BackendID); err != nil {
+		t.Fatal(err)
+	}
+	removed := map[uint32]dataplane.Backend{flow.BackendID: backendRemote1}
+	if n, err := reconcile.PurgeFlows(context.Background(), f.maps, removed); err != nil || n != 1 {
+		t.Fatalf("purged %d flows (%v), want 1", n, err)
+	}
+	if _, ok, _ := f.maps.Flow(flow.Key()); ok {
+		t.Fatal("the purged flow is still tracked")
+	}
+	f.ageReverse(flow) // the slot holds it still; its check is due
+	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
+	f.expectCounters(map[string]uint64{"drop_stale_nat": 1, "ct_repaired": 0, "reverse_nat": 0}, func() {
+		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
+	})
+	if _, ok, _ := f.maps.Flow(flow.Key()); ok {
+		t.Fatal("a late reply brought the purged flow back")
+	}
+	// Its reverse half is gone too: the next such reply is not ours.
 	f.expectCounters(map[string]uint64{"pass_not_service": 1}, func() {
 		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpPass)
 	})

@@ -94,14 +94,25 @@ func (d *Dataplane) Flow(k FlowKey) (Flow, bool, error) {
 	return flowOf(raw, v), true, nil
 }
 
-// DeleteFlow forgets a flow, both halves.
+// DeleteFlow forgets a flow whose backend is gone (see
+// reconcile.PurgeFlows): its conntrack entry, and its reverse half when
+// the nat map holds it. A reverse half in a SNAT slot stays: the port is
+// free for the next claim as soon as the conntrack entry is gone, and a
+// late reply that finds the slot does not bring the flow back, since the
+// datapath rebuilds a forward half only for a backend that still exists.
+// Writing the slot from here could undo a claim a CPU makes under the
+// slot's lock meanwhile (another backend's flow for the same slot).
 func (d *Dataplane) DeleteFlow(f Flow) error {
 	var errs []error
 	if err := d.m.Conntrack.Delete(f.Key().raw()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, err)
 	}
-	if err := d.DeleteReverse(f); err != nil {
+	if _, _, inSlot, err := d.reverseSlot(f); err != nil {
 		errs = append(errs, err)
+	} else if !inSlot {
+		if err := d.m.NAT.Delete(reverseKey(f)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete reverse NAT entry: %w", err))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
@@ -166,7 +177,9 @@ func (d *Dataplane) reverseSlot(f Flow) (index uint32, slot xdp.NicSnatSlot, ok 
 }
 
 // DeleteReverse forgets the reverse half of a flow: its SNAT slot, or its
-// entry in the NAT map for a flow without SNAT.
+// entry in the NAT map for a flow without SNAT. Tests use it to lose a
+// reverse half as an eviction would; it writes a slot without its lock,
+// so it is not for a datapath that is serving traffic.
 func (d *Dataplane) DeleteReverse(f Flow) error {
 	index, slot, ok, err := d.reverseSlot(f)
 	if err != nil {

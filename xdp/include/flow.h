@@ -343,11 +343,22 @@ static __always_inline void flow_source(const struct ct_entry *ct, const struct 
 	}
 }
 
+/* Is the backend a reply comes from still the one its entry names? */
+static __always_inline int reverse_backend_alive(const struct nat_key *key,
+						 const struct nat_entry *rev)
+{
+	struct backend be;
+
+	return backend_get(rev->backend_id, &be) && be.addr == key->saddr &&
+	       be.port == key->sport;
+}
+
 /*
  * Check, once a second and on FIN or RST, that a reverse entry's forward
- * half is still there (rebuilding it if evicted) and still this flow.
- * Returns 0 to translate the reply, -1 when the reverse entry is stale
- * (deleted; drop the reply).
+ * half is still there (rebuilding it if evicted) and still this flow. A
+ * flow whose forward half is gone and whose backend left (the agent
+ * purged it) is not rebuilt. Returns 0 to translate the reply, -1 when the
+ * reverse entry is stale (deleted; drop the reply).
  */
 static __always_inline int reverse_touch(const struct nat_key *key, struct nat_entry *rev,
 					 const struct packet *pkt, __u64 now)
@@ -361,6 +372,10 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 	ct_of_nat(key, rev, now, &flow, &rebuilt);
 	ct = bpf_map_lookup_elem(&conntrack, &flow);
 	if (!ct) {
+		if (!reverse_backend_alive(key, rev)) {
+			nat_forget(key, rev);
+			return -1;
+		}
 		bpf_map_update_elem(&conntrack, &flow, &rebuilt, BPF_NOEXIST);
 		count(STAT_CT_REPAIRED, 0);
 	} else if (!ct_answers_to(ct, key)) {
