@@ -1,0 +1,124 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/tests/testenv"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// The agent clears the SNAT bucket hints no backend can use: at its first
+// sync (hints left from before a restart) and after backends leave.
+func TestAgentReleasesSNATHintsOfDepartedBackends(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	opts := loader.DefaultOptions()
+	opts.PinRoot = testenv.BPFFS(t)
+	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
+	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 64, 64
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeAddr := netip.MustParseAddr("192.0.2.1")
+	if err := dp.Maps.Ifaces.Put(uint32(1), xdp.NicIface{Addr: xdp.AddrToNet(nodeAddr)}); err != nil {
+		t.Fatal(err)
+	}
+	staying, leaving, gone := "10.244.1.10", "10.244.1.11", "10.244.9.9"
+	hintOf := func(addr string) uint32 {
+		return xdp.SNATHint(netip.AddrPortFrom(netip.MustParseAddr(addr), 8080), nodeAddr, dataplane.TCP)
+	}
+	// As if the datapath had given each a bucket; `gone` left while no
+	// agent ran.
+	hints := map[string]uint32{staying: 1, leaving: 2, gone: 3}
+	seen := map[uint32]bool{}
+	for addr, bucket := range hints {
+		if seen[hintOf(addr)] {
+			t.Fatalf("test backends share hint %d", hintOf(addr))
+		}
+		seen[hintOf(addr)] = true
+		if err := dp.Maps.SNATBucketHints.Put(hintOf(addr), bucket); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectHints := func(when string, want map[string]uint32) {
+		t.Helper()
+		for addr, w := range want {
+			var got uint32
+			if err := dp.Maps.SNATBucketHints.Lookup(hintOf(addr), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got != w {
+				t.Errorf("%s: backend %s has hint %d, want %d", when, addr, got, w)
+			}
+		}
+	}
+
+	src := newMemorySource()
+	src.put(hintsService(staying, leaving))
+	cfg := Config{Datapath: opts, MaglevTableSize: 251, MaglevSeed: 1, NodeName: "node-0",
+		NodePortMin: 30000, NodePortMax: 32767, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Hour,
+		HealthTimeout: time.Minute}
+	a, err := assemble(cfg, discard(), src, dp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.hintSweep = newHintSweep(0) // every sync that removed backends
+	synced := make(chan struct{}, 16)
+	a.synced = func(map[string]bool) { synced <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	waitSync := func() {
+		t.Helper()
+		select {
+		case <-synced:
+		case err := <-done:
+			t.Fatalf("agent stopped: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no sync in 30 s")
+		}
+	}
+
+	waitSync()
+	expectHints("first sync", map[string]uint32{staying: 1, leaving: 2, gone: 0})
+	src.put(hintsService(staying))
+	waitSync()
+	expectHints("after a backend left", map[string]uint32{staying: 1, leaving: 0})
+}
+
+// hintsService is a NodePort service whose endpoints are on another node.
+func hintsService(endpoints ...string) (*corev1.Service, *discoveryv1.EndpointSlice) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "hints", Name: "web", ResourceVersion: "1"},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80,
+				TargetPort: intstr.FromInt32(8080), NodePort: 30080}},
+		},
+	}
+	pname, port, proto, node := "http", int32(8080), corev1.ProtocolTCP, "node-1"
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "hints", Name: "web-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
+	}
+	for _, addr := range endpoints {
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{addr}, NodeName: &node})
+	}
+	return svc, slice
+}
