@@ -292,15 +292,17 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 }
 
 // hintSweep decides when a sync clears the SNAT bucket hints of departed
-// backends (dataplane.ReleaseSNATHints): after a sync that removed
-// backends, and after the first one (pinned maps may keep hints of
-// backends that left while no agent ran), at most once per interval.
-// Stale hints only matter once many have piled up, and the sweep hashes
-// every backend, so it need not follow each removal.
+// backends (dataplane.ReleaseSNATHints): at the first sync (pinned maps
+// may keep hints of backends that left while no agent ran), and at the
+// first sync at least an interval after a removal, once the purge of the
+// removed backends' flows is done and their last flows have ended (a flow
+// of a departed backend that ends in the datapath gives its triple a hint
+// again). Stale hints only matter once many have piled up, so a sweep may
+// wait.
 type hintSweep struct {
 	every   time.Duration
 	pending bool
-	last    time.Time
+	since   time.Time // the first removal not swept yet; zero: the first sync
 }
 
 // newHintSweep returns a sweep due at the first sync.
@@ -309,17 +311,18 @@ func newHintSweep(every time.Duration) hintSweep { return hintSweep{every: every
 // due records a sync that removed `removed` backends and reports whether
 // the sweep runs now.
 func (h *hintSweep) due(removed int, now time.Time) bool {
-	if removed > 0 {
-		h.pending = true
+	if removed > 0 && !h.pending {
+		h.pending, h.since = true, now
 	}
-	if !h.pending || (!h.last.IsZero() && now.Sub(h.last) < h.every) {
+	if !h.pending || (!h.since.IsZero() && now.Sub(h.since) < h.every) {
 		return false
 	}
-	h.pending, h.last = false, now
+	h.pending = false
 	return true
 }
 
-// snatHintSweepEvery bounds how often the agent sweeps SNAT bucket hints.
+// snatHintSweepEvery is how long the agent waits after a removal before it
+// sweeps SNAT bucket hints.
 const snatHintSweepEvery = time.Minute
 
 // releaseAfterTables is the number of tables written by one sync after
@@ -406,7 +409,7 @@ func (a *Agent) sync(ctx context.Context) error {
 		}()
 	}
 	if a.hintSweep.due(len(res.RemovedBackends), time.Now()) {
-		if n, err := a.plane.ReleaseSNATHints(); err != nil {
+		if n, err := a.plane.ReleaseSNATHints(a.interfaceAddrs()); err != nil {
 			a.log.Warn("release SNAT bucket hints of departed backends", "error", err)
 		} else if n > 0 {
 			a.log.Debug("SNAT bucket hints of departed backends released", "hints", n)
@@ -653,6 +656,32 @@ func (a *Agent) watchAddresses(ctx context.Context) {
 			a.notify()
 		}
 	}
+}
+
+// interfaceAddrs returns every IPv4 address of the attached interfaces.
+// The datapath knows one per interface (its SNAT source); SNAT flows keep
+// the one they started with when that changes, while the interface still
+// has it.
+func (a *Agent) interfaceAddrs() []netip.Addr {
+	var out []netip.Addr
+	for _, ifname := range a.cfg.Interfaces {
+		link, err := netlink.LinkByName(ifname)
+		if err != nil {
+			a.log.Warn("list interface addresses", "interface", ifname, "error", err)
+			continue
+		}
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+		if err != nil {
+			a.log.Warn("list interface addresses", "interface", ifname, "error", err)
+			continue
+		}
+		for _, ad := range addrs {
+			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out
 }
 
 // serve runs an HTTP server until ctx ends.

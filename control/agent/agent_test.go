@@ -137,8 +137,8 @@ func TestFailedStartDetaches(t *testing.T) {
 	}
 }
 
-// The SNAT hint sweep runs at the first sync, then only after backends
-// left, and no more often than its interval.
+// The SNAT hint sweep runs at the first sync, then at the first sync an
+// interval after a removal (the purge of its flows is done by then).
 func TestHintSweepIsDue(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	syncs := []struct {
@@ -146,13 +146,15 @@ func TestHintSweepIsDue(t *testing.T) {
 		removed int
 		want    bool
 	}{
-		{0, 0, true},                 // first sync: hints from before a restart
-		{time.Second, 0, false},      // nothing left since
-		{2 * time.Second, 3, false},  // backends left, but too soon
-		{30 * time.Second, 0, false}, // still pending, still too soon
-		{61 * time.Second, 0, true},  // pending and due
-		{200 * time.Second, 0, false},
-		{201 * time.Second, 1, true}, // due at once: the last sweep is long ago
+		{0, 0, true},                  // first sync: hints from before a restart
+		{time.Second, 0, false},       // nothing left since
+		{2 * time.Second, 3, false},   // backends left: wait an interval
+		{30 * time.Second, 1, false},  // more left; the first removal counts
+		{61 * time.Second, 0, false},  // not yet an interval after it
+		{62 * time.Second, 0, true},   // due
+		{200 * time.Second, 0, false}, // nothing left since
+		{201 * time.Second, 1, false},
+		{262 * time.Second, 0, true},
 	}
 	h := newHintSweep(time.Minute)
 	for i, s := range syncs {

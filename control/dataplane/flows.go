@@ -96,10 +96,11 @@ func (d *Dataplane) Flow(k FlowKey) (Flow, bool, error) {
 
 // DeleteFlow forgets a flow whose backend is gone (see
 // reconcile.PurgeFlows): its conntrack entry, and its reverse half when
-// the nat map holds it. A reverse half in a SNAT slot stays: the port is
-// free for the next claim as soon as the conntrack entry is gone, and a
-// late reply that finds the slot does not bring the flow back, since the
-// datapath rebuilds a forward half only for a backend that still exists.
+// the nat map holds it. A reverse half in a SNAT slot stays: the bucket's
+// hand takes the port back as soon as the conntrack entry is gone (its
+// holder check finds none), and a late reply that finds the slot does not
+// bring the flow back, since the datapath rebuilds a forward half only for
+// a backend that still exists.
 // Writing the slot from here could undo a claim a CPU makes under the
 // slot's lock meanwhile (another backend's flow for the same slot).
 func (d *Dataplane) DeleteFlow(f Flow) error {

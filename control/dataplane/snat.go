@@ -10,41 +10,43 @@ import (
 	"github.com/xdplb/xdplb/xdp"
 )
 
-// snatSources are the addresses SNAT flows can leave with: every
-// registered interface's address (a flow takes the address of the device
-// towards its backend, or of the one it came in on) and the hairpin address.
-func (d *Dataplane) snatSources() ([]netip.Addr, error) {
+// snatSources are the addresses SNAT flows can leave with: towards a
+// remote backend, the address of a registered interface (the one towards
+// the backend, or the one the flow came in on) or one of extra; towards a
+// local backend (a pod reaching itself through its service), the hairpin
+// address.
+func (d *Dataplane) snatSources(extra []netip.Addr) (remote []netip.Addr, hairpin netip.Addr, err error) {
 	var cfg xdp.NicDatapathConfig
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
-		return nil, fmt.Errorf("read datapath config: %w", err)
+		return nil, hairpin, fmt.Errorf("read datapath config: %w", err)
 	}
 	seen := map[netip.Addr]bool{}
-	var out []netip.Addr
-	add := func(raw uint32) {
-		if raw == 0 {
-			return
-		}
-		a := xdp.NetToAddr(raw)
-		if !seen[a] {
+	add := func(a netip.Addr) {
+		if a.Is4() && !a.IsUnspecified() && !seen[a] {
 			seen[a] = true
-			out = append(out, a)
+			remote = append(remote, a)
 		}
 	}
-	add(cfg.HairpinAddr)
 	var ifindex uint32
 	var iface xdp.NicIface
 	it := d.m.Ifaces.Iterate()
 	for it.Next(&ifindex, &iface) {
-		add(iface.Addr)
+		add(xdp.NetToAddr(iface.Addr))
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read interfaces: %w", err)
+		return nil, hairpin, fmt.Errorf("read interfaces: %w", err)
 	}
-	return out, nil
+	for _, a := range extra {
+		add(a)
+	}
+	return remote, xdp.NetToAddr(cfg.HairpinAddr), nil
 }
 
 // ReleaseSNATHints clears the SNAT bucket hints that no backend in the
-// backends map can use, and returns how many it cleared.
+// backends map can use, and returns how many it cleared. extra are
+// addresses SNAT flows may still leave with besides those of the
+// registered interfaces (an interface's other addresses: a flow keeps the
+// address it started with when the interface's first one changes).
 //
 // A (backend, node address, protocol) keeps the bucket its first SNAT flow
 // was given in snat_bucket_hints, which the datapath never clears: the
@@ -52,26 +54,37 @@ func (d *Dataplane) snatSources() ([]netip.Addr, error) {
 // addresses, so without this the hints of departed backends pile up, and
 // a new backend whose hash meets one of them shares that bucket with
 // whichever backend uses it now, where it would have had one of its own.
+// A hint some current backend's triple hashes to stays, whether or not
+// that triple has flows (the protocols a backend serves are not in the
+// map, so both count).
 //
-// Call it where backends are written (the datapath gives hints only to
-// backends in the map, so none can get one meanwhile), after the flows
-// of removed backends are gone or going: a flow of a departed backend that
-// ends after this gives its triple a hint again, which the next call clears.
-func (d *Dataplane) ReleaseSNATHints() (int, error) {
+// Call it where backends are written, so no backend can be added
+// meanwhile, and once the flows of removed backends have ended: a flow
+// of a departed backend that ends in the datapath later gives its triple
+// a hint again (releasing a port takes the lock of its slot, found
+// through the hint), which stays until the next call.
+func (d *Dataplane) ReleaseSNATHints(extra []netip.Addr) (int, error) {
 	backends, err := d.Backends()
 	if err != nil {
 		return 0, err
 	}
-	sources, err := d.snatSources()
+	remote, hairpin, err := d.snatSources(extra)
 	if err != nil {
 		return 0, err
 	}
 	inUse := make([]bool, xdp.SNATBucketHints)
+	mark := func(backend netip.AddrPort, src netip.Addr) {
+		inUse[xdp.SNATHint(backend, src, TCP)] = true
+		inUse[xdp.SNATHint(backend, src, UDP)] = true
+	}
 	for _, b := range backends {
 		ap := netip.AddrPortFrom(b.Addr, b.Port)
-		for _, src := range sources {
-			inUse[xdp.SNATHint(ap, src, TCP)] = true
-			inUse[xdp.SNATHint(ap, src, UDP)] = true
+		if b.Local {
+			mark(ap, hairpin)
+			continue
+		}
+		for _, src := range remote {
+			mark(ap, src)
 		}
 	}
 
