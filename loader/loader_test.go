@@ -13,15 +13,14 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
 )
 
 func smallOptions(root string) loader.Options {
-	opts := loader.DefaultOptions()
-	opts.PinRoot = root
-	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 1024
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 256, 64
+	opts := loadertest.SmallOptions(root)
+	opts.AffinityMax, opts.BackendsMax = 1024, 256
 	return opts
 }
 

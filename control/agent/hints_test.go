@@ -13,6 +13,7 @@ import (
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -21,10 +22,7 @@ import (
 // sync (hints left from before a restart) and after backends leave.
 func TestAgentReleasesSNATHintsOfDepartedBackends(t *testing.T) {
 	testenv.RequirePrivileged(t)
-	opts := loader.DefaultOptions()
-	opts.PinRoot = testenv.BPFFS(t)
-	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 64, 64
+	opts := loadertest.SmallOptions(testenv.BPFFS(t))
 	dp, err := loader.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)

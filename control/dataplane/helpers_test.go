@@ -5,6 +5,7 @@ import (
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
 
@@ -14,10 +15,7 @@ import (
 func loadSmall(t *testing.T, size func(*loader.Options)) (*loader.Datapath, *dataplane.Dataplane) {
 	t.Helper()
 	testenv.RequirePrivileged(t)
-	opts := loader.DefaultOptions()
-	opts.PinRoot = testenv.BPFFS(t)
-	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 64, 64
+	opts := loadertest.SmallOptions(testenv.BPFFS(t))
 	if size != nil {
 		size(&opts)
 	}

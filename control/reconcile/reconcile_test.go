@@ -11,6 +11,7 @@ import (
 	"github.com/xdplb/xdplb/control/model"
 	"github.com/xdplb/xdplb/control/reconcile"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -23,10 +24,8 @@ var (
 
 func newDatapath(t *testing.T) *dataplane.Dataplane {
 	t.Helper()
-	opts := loader.DefaultOptions()
-	opts.PinRoot = testenv.BPFFS(t)
-	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 16, 256, 64, 64
+	opts := loadertest.SmallOptions(testenv.BPFFS(t))
+	opts.ServicesMax = 16 // as config() says
 	dp, err := loader.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)

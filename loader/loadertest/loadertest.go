@@ -1,0 +1,15 @@
+// Package loadertest helps tests load a real datapath with small maps.
+package loadertest
+
+import "github.com/xdplb/xdplb/loader"
+
+// SmallOptions returns the default options with maps sized for tests
+// (a thousand flows, a few dozen services and backends), pinned under
+// pinRoot (a private bpffs, see testenv.BPFFS).
+func SmallOptions(pinRoot string) loader.Options {
+	opts := loader.DefaultOptions()
+	opts.PinRoot = pinRoot
+	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
+	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 64, 64
+	return opts
+}
