@@ -977,13 +977,20 @@ func TestDepartedBackendsReleaseTheirSNATHints(t *testing.T) {
 	if err := f.dp.Maps.SNATBucketHints.Put(hairpin, uint32(1)); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := f.maps.ReleaseSNATHints(nil); err != nil || n != 1 {
+	release := func() (int, error) {
+		backends, err := f.maps.Backends()
+		if err != nil {
+			return 0, err
+		}
+		return f.maps.ReleaseSNATHints(backends, nil)
+	}
+	if n, err := release(); err != nil || n != 1 {
 		t.Fatalf("released %d hints (%v) with every backend in place, want 1", n, err)
 	}
 	if err := f.maps.DeleteBackend(101); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := f.maps.ReleaseSNATHints(nil); err != nil || n != 1 {
+	if n, err := release(); err != nil || n != 1 {
 		t.Fatalf("released %d hints (%v) after backend 101 left, want 1", n, err)
 	}
 	if hint := hintOf(101); hint != 0 {

@@ -12,7 +12,7 @@ import (
 // loadSmall loads a datapath with small maps on a private bpffs; size
 // changes the sizes a test cares about. It returns the loaded datapath
 // (for raw map access) and its Dataplane.
-func loadSmall(t *testing.T, size func(*loader.Options)) (*loader.Datapath, *dataplane.Dataplane) {
+func loadSmall(t testing.TB, size func(*loader.Options)) (*loader.Datapath, *dataplane.Dataplane) {
 	t.Helper()
 	testenv.RequirePrivileged(t)
 	opts := loadertest.SmallOptions(testenv.BPFFS(t))

@@ -219,6 +219,11 @@ func tableID(svcID uint32, set tableSet) uint32 {
 	return svcID*2 - 1 + uint32(set)
 }
 
+// Backends returns what the backends map holds, by id: what the
+// reconciler adopted and has written since. The map is the reconciler's
+// own: read it between Applies, do not keep or change it.
+func (r *Reconciler) Backends() map[uint32]dataplane.Backend { return r.backends }
+
 // Apply makes the maps hold the full state st: the first Apply must be
 // one, and it also removes whatever an earlier agent left that st does not
 // want. Problems with single service ports are reported in the result and
