@@ -4,7 +4,7 @@
 // backend pods. It checks every step and exits non-zero if one fails;
 // everything it creates is removed at the end, also on Ctrl-C.
 //
-// Usage (as root): xdplb-demo [-xdplb bin/xdplb] [-keep-logs]
+// Usage (as root): xdplb-demo [-xdplb bin/xdplb]
 package main
 
 import (

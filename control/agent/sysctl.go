@@ -51,7 +51,7 @@ func reserveSNATPorts(lo, hi uint16, log *slog.Logger) error {
 	}
 	if err := os.WriteFile(localReservedPort, []byte(next), 0o644); err != nil {
 		// A container usually sees /proc/sys read-only: the node must
-		// reserve the range itself (see deploy/: an init container does).
+		// reserve the range itself (the README's node requirements).
 		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports: "+
 			"host connections may collide with translated flows", "ports", mine, "error", err)
 		return nil

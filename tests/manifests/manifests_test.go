@@ -132,8 +132,6 @@ func TestObjectsAndNamespaces(t *testing.T) {
 func TestClusterRoleIsLeastPrivilege(t *testing.T) {
 	d := load(t)
 	want := []string{
-		"create /events", "patch /events",
-		"create events.k8s.io/events", "patch events.k8s.io/events",
 		"get /nodes", "list /nodes", "watch /nodes",
 		"list /services", "watch /services",
 		"list discovery.k8s.io/endpointslices", "watch discovery.k8s.io/endpointslices",
