@@ -412,7 +412,7 @@ func (a *Agent) sync(ctx context.Context) error {
 		if n, err := a.plane.ReleaseSNATHints(a.rec.Backends(), a.interfaceAddrs()); err != nil {
 			a.log.Warn("release SNAT bucket hints of departed backends", "error", err)
 		} else if n > 0 {
-			a.log.Debug("SNAT bucket hints of departed backends released", "hints", n)
+			a.log.Info("SNAT bucket hints of departed backends released", "hints", n)
 		}
 	}
 	a.syncHealthCheckNodePorts(state)
