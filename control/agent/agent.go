@@ -321,6 +321,9 @@ func (h *hintSweep) due(removed int, now time.Time) bool {
 	return true
 }
 
+// retry makes the sweep due again at the next sync.
+func (h *hintSweep) retry() { h.pending = true }
+
 // snatHintSweepEvery is how long the agent waits after a removal before it
 // sweeps SNAT bucket hints.
 const snatHintSweepEvery = time.Minute
@@ -409,10 +412,9 @@ func (a *Agent) sync(ctx context.Context) error {
 		}()
 	}
 	if a.hintSweep.due(len(res.RemovedBackends), time.Now()) {
-		if n, err := a.plane.ReleaseSNATHints(a.rec.Backends(), a.interfaceAddrs()); err != nil {
-			a.log.Warn("release SNAT bucket hints of departed backends", "error", err)
-		} else if n > 0 {
-			a.log.Info("SNAT bucket hints of departed backends released", "hints", n)
+		if err := a.releaseSNATHints(); err != nil {
+			a.log.Warn("release SNAT bucket hints of departed backends; retrying at the next sync", "error", err)
+			a.hintSweep.retry()
 		}
 	}
 	a.syncHealthCheckNodePorts(state)
@@ -658,22 +660,36 @@ func (a *Agent) watchAddresses(ctx context.Context) {
 	}
 }
 
+// releaseSNATHints clears the SNAT bucket hints no current backend can use.
+func (a *Agent) releaseSNATHints() error {
+	addrs, err := a.interfaceAddrs()
+	if err != nil {
+		return err
+	}
+	n, err := a.plane.ReleaseSNATHints(a.rec.Backends(), addrs)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		a.log.Info("SNAT bucket hints of departed backends released", "hints", n)
+	}
+	return nil
+}
+
 // interfaceAddrs returns every IPv4 address of the attached interfaces.
 // The datapath knows one per interface (its SNAT source); SNAT flows keep
 // the one they started with when that changes, while the interface still
 // has it.
-func (a *Agent) interfaceAddrs() []netip.Addr {
+func (a *Agent) interfaceAddrs() ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, ifname := range a.cfg.Interfaces {
 		link, err := netlink.LinkByName(ifname)
 		if err != nil {
-			a.log.Warn("list interface addresses", "interface", ifname, "error", err)
-			continue
+			return nil, fmt.Errorf("interface %s: %w", ifname, err)
 		}
 		addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
 		if err != nil {
-			a.log.Warn("list interface addresses", "interface", ifname, "error", err)
-			continue
+			return nil, fmt.Errorf("interface %s: list addresses: %w", ifname, err)
 		}
 		for _, ad := range addrs {
 			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok {
@@ -681,7 +697,7 @@ func (a *Agent) interfaceAddrs() []netip.Addr {
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // serve runs an HTTP server until ctx ends.

@@ -162,4 +162,9 @@ func TestHintSweepIsDue(t *testing.T) {
 			t.Errorf("sync %d (at %s, %d removed): due %v, want %v", i, s.at, s.removed, got, s.want)
 		}
 	}
+	// A sweep that failed runs again at the next sync.
+	h.retry()
+	if !h.due(0, start.Add(263*time.Second)) {
+		t.Error("a failed sweep is not due at the next sync")
+	}
 }
