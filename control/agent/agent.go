@@ -576,11 +576,12 @@ func (a *Agent) nodeAddresses(snap source.Snapshot) []netip.Addr {
 				}
 			}
 		}
-		if addrs := interfaceAddresses(a.cfg.Interfaces[:1]); len(addrs) > 0 {
+		if addrs, _ := interfaceAddresses(a.cfg.Interfaces[:1]); len(addrs) > 0 {
 			return addrs[:1]
 		}
 	case len(a.cfg.NodePortAddresses) > 0:
-		for _, ip := range interfaceAddresses(nil) {
+		all, _ := interfaceAddresses(nil)
+		for _, ip := range all {
 			for _, p := range a.cfg.NodePortAddresses {
 				if p.Contains(ip) {
 					out = append(out, ip)
@@ -589,29 +590,38 @@ func (a *Agent) nodeAddresses(snap source.Snapshot) []netip.Addr {
 			}
 		}
 	default:
-		out = interfaceAddresses(a.cfg.Interfaces)
+		out, _ = interfaceAddresses(a.cfg.Interfaces)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
 	return slices.Compact(out)
 }
 
 // interfaceAddresses lists the IPv4 addresses of the named interfaces (all
-// interfaces when names is nil).
-func interfaceAddresses(names []string) []netip.Addr {
+// interfaces when names is nil). The error says which could not be read;
+// the addresses of the others are returned all the same.
+func interfaceAddresses(names []string) ([]netip.Addr, error) {
 	var links []netlink.Link
+	var errs []error
 	if names == nil {
-		links, _ = netlink.LinkList()
+		var err error
+		if links, err = netlink.LinkList(); err != nil {
+			errs = append(errs, fmt.Errorf("list interfaces: %w", err))
+		}
 	} else {
 		for _, n := range names {
-			if l, err := netlink.LinkByName(n); err == nil {
-				links = append(links, l)
+			l, err := netlink.LinkByName(n)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("interface %s: %w", n, err))
+				continue
 			}
+			links = append(links, l)
 		}
 	}
 	var out []netip.Addr
 	for _, l := range links {
 		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
 		if err != nil {
+			errs = append(errs, fmt.Errorf("interface %s: list addresses: %w", l.Attrs().Name, err))
 			continue
 		}
 		for _, ad := range addrs {
@@ -620,7 +630,7 @@ func interfaceAddresses(names []string) []netip.Addr {
 			}
 		}
 	}
-	return out
+	return out, errors.Join(errs...)
 }
 
 // watchAddresses re-syncs when the node's addresses change, and keeps the
@@ -662,7 +672,10 @@ func (a *Agent) watchAddresses(ctx context.Context) {
 
 // releaseSNATHints clears the SNAT bucket hints no current backend can use.
 func (a *Agent) releaseSNATHints() error {
-	addrs, err := a.interfaceAddrs()
+	// Every address of the attached interfaces: the datapath knows one per
+	// interface (its SNAT source), and SNAT flows keep the one they started
+	// with when that changes, while the interface still has it.
+	addrs, err := interfaceAddresses(a.cfg.Interfaces)
 	if err != nil {
 		return err
 	}
@@ -674,30 +687,6 @@ func (a *Agent) releaseSNATHints() error {
 		a.log.Info("SNAT bucket hints of departed backends released", "hints", n)
 	}
 	return nil
-}
-
-// interfaceAddrs returns every IPv4 address of the attached interfaces.
-// The datapath knows one per interface (its SNAT source); SNAT flows keep
-// the one they started with when that changes, while the interface still
-// has it.
-func (a *Agent) interfaceAddrs() ([]netip.Addr, error) {
-	var out []netip.Addr
-	for _, ifname := range a.cfg.Interfaces {
-		link, err := netlink.LinkByName(ifname)
-		if err != nil {
-			return nil, fmt.Errorf("interface %s: %w", ifname, err)
-		}
-		addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
-		if err != nil {
-			return nil, fmt.Errorf("interface %s: list addresses: %w", ifname, err)
-		}
-		for _, ad := range addrs {
-			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok {
-				out = append(out, ip)
-			}
-		}
-	}
-	return out, nil
 }
 
 // serve runs an HTTP server until ctx ends.

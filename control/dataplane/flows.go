@@ -96,22 +96,26 @@ func (d *Dataplane) Flow(k FlowKey) (Flow, bool, error) {
 
 // DeleteFlow forgets a flow whose backend is gone (see
 // reconcile.PurgeFlows): its conntrack entry, and its reverse half when
-// the nat map holds it. A reverse half in a SNAT slot stays: the bucket's
-// hand takes the port back as soon as the conntrack entry is gone (its
-// holder check finds none), and a late reply that finds the slot does not
-// bring the flow back, since the datapath rebuilds a forward half only for
-// a backend that still exists.
-// Writing the slot from here could undo a claim a CPU makes under the
-// slot's lock meanwhile (another backend's flow for the same slot).
+// the nat map holds it for this flow. A reverse half in a SNAT slot stays:
+// the bucket's hand takes the port back as soon as the conntrack entry is
+// gone (its holder check finds none), and a late reply that finds the slot
+// does not bring the flow back, since the datapath rebuilds a forward half
+// only for a backend that still exists. Writing the slot from here could
+// undo a claim a CPU makes under the slot's lock meanwhile (another
+// backend's flow for the same slot).
 func (d *Dataplane) DeleteFlow(f Flow) error {
 	var errs []error
 	if err := d.m.Conntrack.Delete(f.Key().raw()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, err)
 	}
-	if _, _, inSlot, err := d.reverseSlot(f); err != nil {
-		errs = append(errs, err)
-	} else if !inSlot {
-		if err := d.m.NAT.Delete(reverseKey(f)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	rk := reverseKey(f)
+	var rev xdp.NicNatEntry
+	switch err := d.m.NAT.Lookup(rk, &rev); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+	case err != nil:
+		errs = append(errs, fmt.Errorf("read reverse NAT entry: %w", err))
+	case rev.ClientAddr == xdp.AddrToNet(f.Client.Addr()) && rev.ClientPort == xdp.PortToNet(f.Client.Port()):
+		if err := d.m.NAT.Delete(rk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete reverse NAT entry: %w", err))
 		}
 	}

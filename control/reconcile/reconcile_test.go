@@ -395,6 +395,12 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 		if err := dp.Maps().Conntrack.Put(k, v); err != nil {
 			t.Fatal(err)
 		}
+		// Without SNAT, the reverse half is in the nat map.
+		rk := xdp.NicNatKey{Saddr: v.BackendAddr, Sport: v.BackendPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto}
+		rev := xdp.NicNatEntry{ClientAddr: k.Saddr, ClientPort: k.Sport, FrontendAddr: k.Daddr, FrontendPort: k.Dport, BackendId: f.id}
+		if err := dp.Maps().NAT.Put(rk, rev); err != nil {
+			t.Fatal(err)
+		}
 	}
 	removed := map[uint32]dataplane.Backend{7: {Addr: gone, Port: 8080}}
 	n, err := reconcile.PurgeFlows(context.Background(), dp, removed)
@@ -403,9 +409,17 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 	}
 	left := map[uint16]bool{}
 	dp.Flows(func(f dataplane.Flow) bool { left[f.Client.Port()] = true; return true })
+	reverse := map[uint16]bool{}
+	dp.ReverseHalves(func(_ xdp.NicNatKey, e xdp.NicNatEntry) bool {
+		reverse[xdp.NetToPort(e.ClientPort)] = true
+		return true
+	})
 	for _, f := range flows {
 		if left[f.client] == f.purged {
 			t.Errorf("flow from port %d: purged=%v, want %v", f.client, !left[f.client], f.purged)
+		}
+		if reverse[f.client] == f.purged {
+			t.Errorf("reverse half of the flow from port %d: purged=%v, want %v", f.client, !reverse[f.client], f.purged)
 		}
 	}
 }
