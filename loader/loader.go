@@ -270,6 +270,9 @@ func (d *Datapath) writeConfig() error {
 		HairpinAddr:             xdp.AddrToNet(d.opts.HairpinAddr),
 		SnatBuckets:             d.opts.SNATBuckets(),
 		NetnsCookie:             netnsCookie(),
+		// SnatSpillsMarked stays 0: the datapath may run over maps an
+		// older version spilled into without marking; the agent lets it
+		// trust the marks once it has checked (dataplane.TrustSNATSpillMarks).
 	}
 	if err := d.Maps.Config.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("write datapath config: %w", err)

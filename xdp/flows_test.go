@@ -426,6 +426,21 @@ func TestRetransmittedSYNKeepsTheFlow(t *testing.T) {
 	}
 }
 
+// sharedBucketClients returns client ports whose flows to the shared
+// bucket's service go to its first backend (id 21) and to its second.
+func sharedBucketClients(two service, first, second int) (toFirst, toSecond []uint16) {
+	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
+	for p := uint16(10000); len(toFirst) < first || len(toSecond) < second; p++ {
+		frame.SrcPort = p
+		if expectedBackend(two, frame) == 21 {
+			toFirst = append(toFirst, p)
+		} else {
+			toSecond = append(toSecond, p)
+		}
+	}
+	return toFirst, toSecond
+}
+
 // sharedBucketFixture programs NodePort 30100/TCP with two remote backends
 // (ids 21 and 22) whose SNAT ports share one bucket of `ports` slots.
 func sharedBucketFixture(t *testing.T, ports uint16) (*fixture, service) {
@@ -495,15 +510,7 @@ func TestBusySNATBucketRests(t *testing.T) {
 	const ports = 32
 	f, two := sharedBucketFixture(t, ports)
 	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
-	var toFirst, toSecond []uint16
-	for p := uint16(10000); len(toFirst) < ports || len(toSecond) < 9; p++ {
-		frame.SrcPort = p
-		if expectedBackend(two, frame) == 21 {
-			toFirst = append(toFirst, p)
-		} else {
-			toSecond = append(toSecond, p)
-		}
-	}
+	toFirst, toSecond := sharedBucketClients(two, ports, 9)
 	hand := func() xdp.NicSnatBucketHand {
 		t.Helper()
 		var h xdp.NicSnatBucketHand

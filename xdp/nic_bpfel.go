@@ -119,6 +119,8 @@ type NicDatapathConfig struct {
 	HairpinAddr             uint32
 	SnatBuckets             uint32
 	NetnsCookie             uint64
+	SnatSpillsMarked        uint32
+	Pad                     uint32
 }
 
 type NicFlowScratchBuf struct {
@@ -225,8 +227,14 @@ type NicSnatSlot struct {
 	Rev        NicNatEntry
 	Key        NicNatKey
 	Generation uint32
-	Pad        uint32
+	Flags      uint32
 }
+
+type NicSnatSlotFlags uint32
+
+const (
+	NicSnatSlotFlagsSNAT_SLOT_SPILLED NicSnatSlotFlags = 1
+)
 
 type NicSockFrontend struct {
 	_    structs.HostLayout

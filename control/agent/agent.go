@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,11 +55,17 @@ type Agent struct {
 	// successful sync which service ports it applied (nil: all).
 	synced func(changed map[string]bool)
 
-	started      time.Time
-	syncs        uint64
-	hintSweep    hintSweep
-	lastTrigger  map[string]time.Time // service port key -> last-change-trigger-time observed
-	seenProblems map[string]bool
+	started   time.Time
+	syncs     uint64
+	hintSweep hintSweep
+	// spillCheckEvery paces trustSNATSpillMarks, which waits for
+	// podsListed: closed (once) when watchPods has attached to the pod
+	// interfaces there were at the start.
+	spillCheckEvery time.Duration
+	podsListed      chan struct{}
+	podsListedOnce  sync.Once
+	lastTrigger     map[string]time.Time // service port key -> last-change-trigger-time observed
+	seenProblems    map[string]bool
 }
 
 // Start loads and attaches the datapath and connects to the source. On
@@ -107,14 +114,16 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 func assemble(cfg Config, log *slog.Logger, src source.Source, dp *loader.Datapath) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, log: log, src: src, dp: dp,
-		plane:        dataplane.New(&dp.Maps),
-		trigger:      make(chan struct{}, 1),
-		started:      time.Now(),
-		hintSweep:    newHintSweep(snatHintSweepEvery),
-		lastTrigger:  map[string]time.Time{},
-		seenProblems: map[string]bool{},
-		model:        model.NewIncremental(),
-		needFull:     true,
+		plane:           dataplane.New(&dp.Maps),
+		trigger:         make(chan struct{}, 1),
+		started:         time.Now(),
+		hintSweep:       newHintSweep(snatHintSweepEvery),
+		spillCheckEvery: snatSpillCheckEvery,
+		podsListed:      make(chan struct{}),
+		lastTrigger:     map[string]time.Time{},
+		seenProblems:    map[string]bool{},
+		model:           model.NewIncremental(),
+		needFull:        true,
 	}
 	var err error
 	a.rec, err = reconcile.New(a.plane, reconcile.Config{
@@ -211,6 +220,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	go a.watchAddresses(ctx)
 	go a.watchPods(ctx)
+	go a.trustSNATSpillMarks(ctx)
 
 	a.loop(ctx, errc)
 	select {

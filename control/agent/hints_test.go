@@ -21,12 +21,7 @@ import (
 // The agent clears the SNAT bucket hints no backend can use: at its first
 // sync (hints left from before a restart) and after backends leave.
 func TestAgentReleasesSNATHintsOfDepartedBackends(t *testing.T) {
-	testenv.RequirePrivileged(t)
-	opts := loadertest.SmallOptions(testenv.BPFFS(t))
-	dp, err := loader.Load(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts, dp := loadSmallDatapath(t)
 	nodeAddr := netip.MustParseAddr("192.0.2.1")
 	if err := dp.Maps.Ifaces.Put(uint32(1), xdp.NicIface{Addr: xdp.AddrToNet(nodeAddr)}); err != nil {
 		t.Fatal(err)
@@ -63,9 +58,7 @@ func TestAgentReleasesSNATHintsOfDepartedBackends(t *testing.T) {
 
 	src := newMemorySource()
 	src.put(hintsService(staying, leaving))
-	cfg := Config{Datapath: opts, MaglevTableSize: 251, MaglevSeed: 1, NodeName: "node-0",
-		NodePortMin: 30000, NodePortMax: 32767, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Hour,
-		HealthTimeout: time.Minute}
+	cfg := smallAgentConfig(opts)
 	a, err := assemble(cfg, discard(), src, dp)
 	if err != nil {
 		t.Fatal(err)
@@ -73,13 +66,7 @@ func TestAgentReleasesSNATHintsOfDepartedBackends(t *testing.T) {
 	a.hintSweep = newHintSweep(0) // every sync that removed backends
 	synced := make(chan struct{}, 16)
 	a.synced = func(map[string]bool) { synced <- struct{}{} }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	done := runAgent(t, a)
 	waitSync := func() {
 		t.Helper()
 		select {
@@ -96,6 +83,38 @@ func TestAgentReleasesSNATHintsOfDepartedBackends(t *testing.T) {
 	src.put(hintsService(staying))
 	waitSync()
 	expectHints("after a backend left", map[string]uint32{staying: 1, leaving: 0})
+}
+
+// loadSmallDatapath loads a datapath with small maps for the tests here.
+func loadSmallDatapath(t *testing.T) (loader.Options, *loader.Datapath) {
+	t.Helper()
+	testenv.RequirePrivileged(t)
+	opts := loadertest.SmallOptions(testenv.BPFFS(t))
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opts, dp
+}
+
+// runAgent runs a until the test ends; done reports how Run returned.
+func runAgent(t *testing.T, a *Agent) (done <-chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-errc
+	})
+	return errc
+}
+
+// smallAgentConfig is an agent configuration for the tests here, over a
+// datapath loaded with opts.
+func smallAgentConfig(opts loader.Options) Config {
+	return Config{Datapath: opts, MaglevTableSize: 251, MaglevSeed: 1, NodeName: "node-0",
+		NodePortMin: 30000, NodePortMax: 32767, MinSyncPeriod: time.Millisecond, SyncPeriod: time.Hour,
+		HealthTimeout: time.Minute}
 }
 
 // hintsService is a NodePort service whose endpoints are on another node.
@@ -119,4 +138,32 @@ func hintsService(endpoints ...string) (*corev1.Service, *discoveryv1.EndpointSl
 		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{addr}, NodeName: &node})
 	}
 	return svc, slice
+}
+
+// The agent lets the datapath trust its SNAT spill marks: the loader
+// starts every datapath untrusting.
+func TestAgentTrustsSNATSpillMarks(t *testing.T) {
+	opts, dp := loadSmallDatapath(t)
+	marked := func() bool {
+		t.Helper()
+		var cfg xdp.NicDatapathConfig
+		if err := dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		return cfg.SnatSpillsMarked != 0
+	}
+	if marked() {
+		t.Fatal("a datapath just loaded trusts its spill marks")
+	}
+	cfg := smallAgentConfig(opts)
+	a, err := assemble(cfg, discard(), newMemorySource(), dp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	for deadline := time.Now().Add(30 * time.Second); !marked(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("spill marks not trusted 30 s after the agent started")
+		}
+	}
 }

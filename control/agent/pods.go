@@ -44,6 +44,7 @@ func (a *Agent) isPodInterface(name string) bool {
 // come at once); then it subscribes again and catches up from a fresh list.
 func (a *Agent) watchPods(ctx context.Context) {
 	if len(podPatterns(a.cfg.PodInterfaces)) == 0 {
+		a.podsDone()
 		return
 	}
 	attached := map[string]int{} // name -> ifindex
@@ -100,6 +101,7 @@ func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool
 			}
 		}
 	}
+	a.podsDone()
 	if !subscribed {
 		return false
 	}
@@ -128,6 +130,12 @@ func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool
 			}
 		}
 	}
+}
+
+// podsDone records that the pod interfaces there were at the start carry
+// this datapath's program.
+func (a *Agent) podsDone() {
+	a.podsListedOnce.Do(func() { close(a.podsListed) })
 }
 
 func (a *Agent) attachPod(name string, ifindex int, attached map[string]int) {

@@ -264,7 +264,9 @@ func (d *Dataplane) FlowEntries() (int, error) {
 
 // ResetFlows forgets every tracked flow: conntrack, both kinds of reverse
 // halves, SNAT port hands and ClientIP affinity. Flows in progress start
-// over as new ones.
+// over as new ones. It is for a datapath without traffic (perf runs use it
+// between repetitions): zeroing the slots also drops their spill marks,
+// which a spill made meanwhile would need.
 func (d *Dataplane) ResetFlows() error {
 	steps := []struct {
 		what  string

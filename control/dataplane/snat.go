@@ -114,3 +114,87 @@ func (d *Dataplane) ReleaseSNATHints(backends map[uint32]Backend, extra []netip.
 	}
 	return cleared, nil
 }
+
+// TrustSNATSpillMarks tells the datapath that every spill in the NAT map
+// is marked in its slot, if it finds that so, and reports whether the
+// datapath trusts the marks now.
+//
+// A spill is a SNAT reply tuple kept in the NAT map although it has a
+// slot: its slot held another backend's tuple (backends share a bucket).
+// A SNAT claim must not give a backend a port it already holds there, so
+// it used to look every port up in the NAT map, a cold lookup on every
+// new flow. The datapath marks a slot before it spills one of its tuples
+// (SNAT_SLOT_SPILLED), and once it trusts the marks it looks up only the
+// ports of marked slots. Until then it looks them all up: a datapath
+// loaded over pinned maps may find spills an older version made without
+// marking them, and the loader starts every datapath untrusting.
+//
+// Call it once no older datapath runs on this node any more (every
+// program it attached was replaced). A spill whose triple has no bucket
+// hint, or whose slot has no mark, keeps the marks untrusted; it goes
+// when its flow ends or the LRU evicts it, and a later call succeeds.
+func (d *Dataplane) TrustSNATSpillMarks() (bool, error) {
+	var cfg xdp.NicDatapathConfig
+	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
+		return false, fmt.Errorf("read datapath config: %w", err)
+	}
+	if cfg.SnatSpillsMarked != 0 {
+		return true, nil
+	}
+	marked, err := d.spillsMarked(cfg)
+	if err != nil || !marked {
+		return false, err
+	}
+	cfg.SnatSpillsMarked = 1
+	if err := d.m.Config.Put(uint32(0), cfg); err != nil {
+		return false, fmt.Errorf("write datapath config: %w", err)
+	}
+	return true, nil
+}
+
+// spillsMarked reports whether every spill in the NAT map has a bucket
+// and a marked slot, stopping at the first that has not.
+func (d *Dataplane) spillsMarked(cfg xdp.NicDatapathConfig) (bool, error) {
+	keys := make([]xdp.NicNatKey, flowBatch)
+	entries := make([]xdp.NicNatEntry, flowBatch)
+	checked := map[uint32]bool{} // slot indices seen marked
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := d.m.NAT.BatchLookup(&cursor, keys, entries, nil)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, fmt.Errorf("read NAT map: %w", err)
+		}
+		for i := range n {
+			k := keys[i]
+			port := xdp.NetToPort(k.Dport)
+			if entries[i].Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) == 0 ||
+				port < cfg.SnatPortMin || port > cfg.SnatPortMax {
+				continue
+			}
+			backend := netip.AddrPortFrom(xdp.NetToAddr(k.Saddr), xdp.NetToPort(k.Sport))
+			var hint uint32
+			if err := d.m.SNATBucketHints.Lookup(xdp.SNATHint(backend, xdp.NetToAddr(k.Daddr), k.Proto), &hint); err != nil {
+				return false, fmt.Errorf("read SNAT bucket hint: %w", err)
+			}
+			bucket, ok := xdp.SNATHintBucket(hint, cfg.SnatBuckets)
+			if !ok {
+				return false, nil
+			}
+			index := xdp.SNATSlot(bucket, port, cfg.SnatPortMin, cfg.SnatPortMax)
+			if checked[index] {
+				continue
+			}
+			var slot xdp.NicSnatSlot
+			if err := d.m.SNATSlots.Lookup(index, &slot); err != nil {
+				return false, fmt.Errorf("read SNAT slot %d: %w", index, err)
+			}
+			if slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
+				return false, nil
+			}
+			checked[index] = true
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return true, nil
+		}
+	}
+}

@@ -33,6 +33,11 @@ struct datapath_config {
 	/* The node's network namespace: the socket programs, attached to a
 	 * cgroup shared by every namespace, act only on sockets of this one. */
 	__u64 netns_cookie;
+	/* Non-zero once the agent found that every reply tuple the nat map
+	 * holds for a SNAT slot is marked there (SNAT_SLOT_SPILLED); until
+	 * then claims look every port up in the nat map. */
+	__u32 snat_spills_marked;
+	__u32 pad;
 };
 
 /* Per-interface facts: the address used as SNAT source for packets that
@@ -197,12 +202,23 @@ struct nat_entry {
  * key.proto == 0 marks a free slot. The top bit of generation locks the
  * slot's port while a program claims or releases it (compare-and-swap), so
  * two CPUs never claim one reply tuple; the other bits count lockings.
+ *
+ * A reply tuple kept in the nat map although it has a slot (its slot held
+ * another backend's tuple) is a spill. Spills happen only where backends
+ * share a bucket. Each one marks its slot first (SNAT_SLOT_SPILLED, under
+ * the lock, never cleared), so a claim of a port whose slot has no mark
+ * need not look for a spill of it in the nat map.
  */
 struct snat_slot {
 	struct nat_entry rev;
 	struct nat_key key; /* the reply tuple this slot answers */
 	__u32 generation;
-	__u32 pad;
+	__u32 flags; /* enum snat_slot_flags */
+};
+
+enum snat_slot_flags {
+	/* The nat map may hold a reply tuple whose slot this is. */
+	SNAT_SLOT_SPILLED = 1 << 0,
 };
 
 /* ClientIP session affinity. */
@@ -570,6 +586,7 @@ struct datapath_flags {
 	enum ct_tcp_state tcp_state;
 	enum ct_flags ct;
 	enum snat_hints snat_hints;
+	enum snat_slot_flags snat_slot;
 };
 const struct datapath_flags *datapath_flags_btf __attribute__((unused));
 

@@ -354,6 +354,25 @@ static __always_inline int snat_slot_holds(const struct snat_slot *slot, const s
 	return slot->key.proto && nat_keys_equal(&slot->key, key);
 }
 
+/* May the nat map hold a spill of this slot (see struct snat_slot)? Until
+ * the agent has found every spill marked (an older datapath did not mark
+ * them), any slot may. */
+static __always_inline int snat_slot_may_spill(const struct snat_slot *slot,
+					       const struct datapath_config *cfg)
+{
+	return !cfg->snat_spills_marked || (slot->flags & SNAT_SLOT_SPILLED);
+}
+
+/* Spill a reply tuple of a locked slot into the nat map, marking the slot
+ * first. 0 on success, else the map update's error. */
+static __always_inline long snat_spill(struct snat_slot *slot, const struct nat_key *key,
+				       const struct nat_entry *entry, __u64 flags)
+{
+	if (!(slot->flags & SNAT_SLOT_SPILLED))
+		slot->flags |= SNAT_SLOT_SPILLED;
+	return bpf_map_update_elem(&nat, key, entry, flags);
+}
+
 /*
  * Forget the SNAT reverse half `key` of `flow`, in its slot or the nat map,
  * with the slot locked so no claim of the port runs meanwhile. When another
@@ -372,7 +391,7 @@ static __always_inline void snat_release(const struct nat_key *key, const struct
 	if (snat_slot_holds(slot, key)) {
 		if (nat_entry_matches(&slot->rev, flow))
 			slot->key.proto = 0;
-	} else {
+	} else if (snat_slot_may_spill(slot, cfg)) {
 		entry = bpf_map_lookup_elem(&nat, key);
 		if (entry && nat_entry_matches(entry, flow))
 			bpf_map_delete_elem(&nat, key);
@@ -446,7 +465,7 @@ static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
 
 	/* This backend may hold the port in the nat map (its bucket is
 	 * shared): a random try does not look that holder up either. */
-	found = bpf_map_lookup_elem(&nat, key);
+	found = snat_slot_may_spill(slot, cfg) ? bpf_map_lookup_elem(&nat, key) : NULL;
 	if (found && (way == SNAT_AT_RANDOM || !snat_holder_gone(key, found, cfg, now)))
 		return SNAT_BUSY;
 	if (in_slot) {
@@ -457,7 +476,7 @@ static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
 	}
 	/* Look before inserting: a failed LRU insert may evict a live entry
 	 * to make room it then does not use. */
-	err = bpf_map_update_elem(&nat, key, entry, found ? BPF_EXIST : BPF_NOEXIST);
+	err = snat_spill(slot, key, entry, found ? BPF_EXIST : BPF_NOEXIST);
 	if (err == -17 /* EEXIST */ || err == -2 /* ENOENT: evicted meanwhile */)
 		return SNAT_BUSY;
 	return err ? SNAT_NO_ROOM : SNAT_CLAIMED;
@@ -673,20 +692,29 @@ enum nat_check {
 static __always_inline enum nat_check snat_restore_locked(struct snat_slot *slot,
 							  const struct ct_key *flow,
 							  const struct nat_key *key,
-							  const struct nat_entry *entry)
+							  const struct nat_entry *entry,
+							  const struct datapath_config *cfg)
 {
-	struct nat_entry *found;
+	struct nat_entry *found = NULL;
 
-	if (snat_slot_holds(slot, key))
-		return nat_entry_matches(&slot->rev, flow) ? NAT_OK : NAT_PORT_MOVED;
-	found = bpf_map_lookup_elem(&nat, key);
+	if (snat_slot_holds(slot, key)) {
+		if (nat_entry_matches(&slot->rev, flow))
+			return NAT_OK;
+		/* A spill of this flow that the slot shadows serves nothing. */
+		found = bpf_map_lookup_elem(&nat, key);
+		if (found && nat_entry_matches(found, flow))
+			bpf_map_delete_elem(&nat, key);
+		return NAT_PORT_MOVED;
+	}
+	if (snat_slot_may_spill(slot, cfg))
+		found = bpf_map_lookup_elem(&nat, key);
 	if (found)
 		return nat_entry_matches(found, flow) ? NAT_OK : NAT_PORT_MOVED;
 	if (!slot->key.proto) {
 		snat_slot_write(slot, key, entry);
 		return NAT_REPAIRED;
 	}
-	return bpf_map_update_elem(&nat, key, entry, BPF_NOEXIST) == 0 ? NAT_REPAIRED : NAT_FAILED;
+	return snat_spill(slot, key, entry, BPF_NOEXIST) == 0 ? NAT_REPAIRED : NAT_FAILED;
 }
 
 /* Make sure a live forward entry still has its reverse half. */
@@ -715,18 +743,23 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 	slot = snat_slot_for(&key, cfg);
 	if (!slot)
 		return NAT_FAILED;
-	if (snat_slot_holds(slot, &key) && nat_entry_matches(&slot->rev, flow))
-		return NAT_OK;
-	found = bpf_map_lookup_elem(&nat, &key);
-	if (found && nat_entry_matches(found, flow))
-		return NAT_OK;
+	/* Replies find the slot before the nat map: a spill of a tuple its
+	 * slot holds for another flow gets none, and the port has moved. */
+	if (snat_slot_holds(slot, &key)) {
+		if (nat_entry_matches(&slot->rev, flow))
+			return NAT_OK;
+	} else {
+		found = bpf_map_lookup_elem(&nat, &key);
+		if (found && nat_entry_matches(found, flow))
+			return NAT_OK;
+	}
 	/* Missing (released, or evicted from the nat map), or the port now
 	 * belongs to another flow: look again with the port's slot locked (a
 	 * CPU claiming the port holds it: the next check, a second later,
 	 * finds how that ended). */
 	if (!snat_slot_lock(slot, &generation))
 		return NAT_OK;
-	check = snat_restore_locked(slot, flow, &key, &entry);
+	check = snat_restore_locked(slot, flow, &key, &entry, cfg);
 	snat_slot_unlock(slot, generation);
 	if (check != NAT_PORT_MOVED)
 		return check;

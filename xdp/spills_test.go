@@ -1,0 +1,236 @@
+package xdp_test
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/tests/packet"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// Spills are SNAT reply tuples kept in the nat map although they have a
+// slot (see struct snat_slot in include/maps.h). A claim looks a port up in
+// the nat map only when its slot is marked as spilled into, once the
+// agent has found every spill marked.
+
+// snatSlotOf returns the bucket and slot index of a reply tuple from
+// backend to natAddr:port.
+func snatSlotOf(t *testing.T, f *fixture, backend netip.AddrPort, natAddr netip.Addr, port uint16) (bucket, index uint32) {
+	t.Helper()
+	opts := f.dp.Options()
+	var hint uint32
+	if err := f.dp.Maps.SNATBucketHints.Lookup(xdp.SNATHint(backend, natAddr, packet.TCP), &hint); err != nil {
+		t.Fatal(err)
+	}
+	bucket, ok := xdp.SNATHintBucket(hint, opts.SNATBuckets())
+	if !ok {
+		t.Fatalf("backend %s has no SNAT bucket", backend)
+	}
+	return bucket, xdp.SNATSlot(bucket, port, opts.SNATPortMin, opts.SNATPortMax)
+}
+
+func (f *fixture) snatSlot(index uint32) xdp.NicSnatSlot {
+	f.t.Helper()
+	var slot xdp.NicSnatSlot
+	if err := f.dp.Maps.SNATSlots.Lookup(index, &slot); err != nil {
+		f.t.Fatal(err)
+	}
+	return slot
+}
+
+// offerNext makes a bucket's hand offer port next.
+func (f *fixture) offerNext(bucket uint32, port uint16) {
+	f.t.Helper()
+	hand := xdp.NicSnatBucketHand{Next: uint32(port - f.dp.Options().SNATPortMin)}
+	if err := f.dp.Maps.SNATBucketHands.Put(bucket, hand); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) setSpillsMarked(marked bool) {
+	f.t.Helper()
+	var cfg xdp.NicDatapathConfig
+	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
+		f.t.Fatal(err)
+	}
+	cfg.SnatSpillsMarked = 0
+	if marked {
+		cfg.SnatSpillsMarked = 1
+	}
+	if err := f.dp.Maps.Config.Put(uint32(0), cfg); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// spill moves a SNAT flow's reverse half from its slot into the nat map,
+// as an older datapath that did not mark spills could have left it, and
+// returns its reply tuple.
+func (f *fixture) spill(flow dataplane.Flow) xdp.NicNatKey {
+	f.t.Helper()
+	var rev xdp.NicNatEntry
+	if found, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { rev = *e }); err != nil || !found {
+		f.t.Fatalf("flow %+v has no reverse half: %v", flow, err)
+	}
+	if err := f.maps.DeleteReverse(flow); err != nil {
+		f.t.Fatal(err)
+	}
+	rk := xdp.NicNatKey{Saddr: xdp.AddrToNet(flow.Backend.Addr()), Sport: xdp.PortToNet(flow.Backend.Port()),
+		Daddr: xdp.AddrToNet(flow.NAT.Addr()), Dport: xdp.PortToNet(flow.NAT.Port()), Proto: flow.Proto}
+	if err := f.dp.Maps.NAT.Put(rk, rev); err != nil {
+		f.t.Fatal(err)
+	}
+	return rk
+}
+
+// A backend sharing a bucket spills its flow into the nat map and marks
+// the slot; when that slot is free again, the backend's next flow is not
+// given the port its live spilled flow holds.
+func TestSpillMarksItsSlot(t *testing.T) {
+	const ports = 32
+	f, two := sharedBucketFixture(t, ports)
+	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
+	toFirst, toSecond := sharedBucketClients(two, ports, 2)
+	for _, c := range toFirst[:ports] {
+		frame.SrcPort = c
+		f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpRedirect)
+	}
+	frame.SrcPort = toSecond[0]
+	sent := decode(t, f.run(frame.Bytes(), f.nic0).out)
+	second := netip.AddrPortFrom(remotePod2, podPort)
+	bucket, index := snatSlotOf(t, f, second, sent.Src, sent.SrcPort)
+	slot := f.snatSlot(index)
+	if slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
+		t.Fatalf("slot of spilled port %d has flags %#x, want it marked", sent.SrcPort, slot.Flags)
+	}
+	spilled := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod2), Sport: xdp.PortToNet(podPort),
+		Daddr: xdp.AddrToNet(sent.Src), Dport: xdp.PortToNet(sent.SrcPort), Proto: packet.TCP}
+	var rev xdp.NicNatEntry
+	if err := f.dp.Maps.NAT.Lookup(spilled, &rev); err != nil {
+		t.Fatalf("the second backend's flow is not in the nat map: %v", err)
+	}
+
+	// The agent's check trusts marks that cover every spill, and only
+	// those: a spill whose triple lost its bucket hint has no slot to
+	// carry a mark.
+	f.setSpillsMarked(false)
+	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted {
+		t.Fatalf("marks not trusted with every spill marked: %v", err)
+	}
+	f.setSpillsMarked(false)
+	hint := xdp.SNATHint(second, sent.Src, packet.TCP)
+	var bucketHint uint32
+	if err := f.dp.Maps.SNATBucketHints.Lookup(hint, &bucketHint); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.dp.Maps.SNATBucketHints.Put(hint, uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || trusted {
+		t.Fatalf("marks trusted with a spill of a triple without a bucket (%v)", err)
+	}
+	if err := f.dp.Maps.SNATBucketHints.Put(hint, bucketHint); err != nil {
+		t.Fatal(err)
+	}
+	f.setSpillsMarked(true)
+
+	// The first backend's flow on that port ends; its slot is free.
+	held, ok, err := f.maps.Flow(dataplane.FlowKey{
+		Client:   netip.AddrPortFrom(xdp.NetToAddr(slot.Rev.ClientAddr), xdp.NetToPort(slot.Rev.ClientPort)),
+		Frontend: netip.AddrPortFrom(nodeAddr, 30100), Proto: packet.TCP})
+	if err != nil || !ok {
+		t.Fatalf("flow holding the slot not found: %v", err)
+	}
+	if err := f.maps.DeleteReverse(held); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.maps.DeleteFlow(held); err != nil {
+		t.Fatal(err)
+	}
+	f.offerNext(bucket, sent.SrcPort)
+	frame.SrcPort = toSecond[1]
+	r := f.run(frame.Bytes(), f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+	if got := decode(t, r.out).SrcPort; got == sent.SrcPort {
+		t.Fatalf("second flow of backend %s got SNAT port %d, which its first flow holds", second, got)
+	}
+}
+
+// A spill an older datapath left unmarked is still looked up while the
+// marks are untrusted, and keeps them untrusted until it is gone. Trusting
+// them early would give its port out twice.
+func TestUnmarkedSpillKeepsItsPort(t *testing.T) {
+	f := newFixture(t)
+	in, sent, flow := startSNATFlow(t, f)
+	backend := flow.Backend
+	f.setSpillsMarked(false)
+	rk := f.spill(flow)
+	bucket, _ := snatSlotOf(t, f, backend, sent.Src, sent.SrcPort)
+
+	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || trusted {
+		t.Fatalf("marks trusted with an unmarked spill in the nat map (%v)", err)
+	}
+	secondPort := func() uint16 {
+		t.Helper()
+		next := in
+		for next.SrcPort++; expectedBackend(webService(), next) != 1; next.SrcPort++ {
+		}
+		in.SrcPort = next.SrcPort
+		f.offerNext(bucket, sent.SrcPort)
+		r := f.run(next.Bytes(), f.nic0)
+		f.expectVerdict(r, xdpRedirect)
+		return decode(t, r.out).SrcPort
+	}
+	if got := secondPort(); got == sent.SrcPort {
+		t.Fatalf("untrusted marks: a new flow got SNAT port %d, which a live spilled flow holds", got)
+	}
+	f.setSpillsMarked(true)
+	if got := secondPort(); got != sent.SrcPort {
+		t.Fatalf("trusted marks with an unmarked spill: a new flow got port %d, want the spilled port %d given twice "+
+			"(the check above proves nothing otherwise)", got, sent.SrcPort)
+	}
+
+	// Once the spill is gone, the marks are trusted.
+	f.setSpillsMarked(false)
+	if err := f.dp.Maps.NAT.Delete(rk); err != nil {
+		t.Fatal(err)
+	}
+	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted {
+		t.Fatalf("marks not trusted without spills: %v", err)
+	}
+	var cfg xdp.NicDatapathConfig
+	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil || cfg.SnatSpillsMarked == 0 {
+		t.Fatalf("datapath config does not trust the marks: %+v, %v", cfg, err)
+	}
+}
+
+// Replies find a tuple's slot before the nat map, so a flow whose spilled
+// tuple its slot holds for another flow gets no replies: its next check
+// moves it to a new SNAT port.
+func TestSpillShadowedByItsSlotMovesPort(t *testing.T) {
+	f := newFixture(t)
+	in, sent, flow := startSNATFlow(t, f)
+	rk := f.spill(flow)
+	_, index := snatSlotOf(t, f, flow.Backend, sent.Src, sent.SrcPort)
+	slot := f.snatSlot(index)
+	slot.Key = rk
+	slot.Rev.ClientPort = xdp.PortToNet(in.SrcPort + 1) // another client's flow
+	if err := f.dp.Maps.SNATSlots.Put(index, slot); err != nil {
+		t.Fatal(err)
+	}
+
+	f.ageFlow(flow.Key())
+	in.Flags = packet.ACK
+	f.expectCounters(map[string]uint64{"nat_port_moved": 1, "redirect": 1}, func() {
+		if out := decode(t, f.run(in.Bytes(), f.nic0).out); out.SrcPort == sent.SrcPort {
+			t.Fatalf("the flow still leaves from SNAT port %d, whose replies go to another flow", out.SrcPort)
+		}
+	})
+	var rev xdp.NicNatEntry
+	if err := f.dp.Maps.NAT.Lookup(rk, &rev); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the shadowed spill is still in the nat map (%v)", err)
+	}
+}
