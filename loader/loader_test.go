@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -38,12 +39,22 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	if err := dp.Maps.Backends.Put(uint32(5), xdp.NicBackend{Addr: 9, Port: 80}); err != nil {
 		t.Fatal(err)
 	}
+	// As an agent that trusted the SNAT spill marks leaves it.
+	if err := dp.Maps.Config.Put(uint32(0), xdp.NicDatapathConfig{SnatSpillsMarked: 1}); err != nil {
+		t.Fatal(err)
+	}
 	dp.Close()
 
-	// Same sizes: everything is adopted as it was.
+	// Same sizes: everything is adopted as it was, except that the
+	// datapath starts without trusting the spill marks (programs of the
+	// earlier one may still run).
 	dp, err = loader.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var cfg xdp.NicDatapathConfig
+	if err := dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil || cfg.SnatSpillsMarked != 0 {
+		t.Errorf("config after a restart: %+v, %v; want spill marks untrusted", cfg, err)
 	}
 	var e xdp.NicCtEntry
 	if err := dp.Maps.Conntrack.Lookup(key, &e); err != nil || e.BackendId != 7 {
@@ -289,6 +300,38 @@ func TestAttachErrorsNameInterfaceAndCause(t *testing.T) {
 		att, err := dp.AttachNIC("d0", loader.XDPBestEffort)
 		if err != nil || att.Mode != loader.XDPGeneric {
 			t.Errorf("best-effort on a device without native XDP: %+v, %v", att, err)
+		}
+		return nil
+	})
+}
+
+// Attachments an earlier datapath left (its programs still run) are
+// foreign to a new one until it attaches there itself.
+func TestForeignAttachmentsAreThoseNotReplaced(t *testing.T) {
+	attachIn(t, func(dp *loader.Datapath) error {
+		if _, err := dp.AttachNIC("x0", loader.XDPNative); err != nil {
+			return err
+		}
+		if foreign, err := dp.ForeignAttachments(); err != nil || len(foreign) != 0 {
+			t.Errorf("own attachments listed as foreign: %v, %v", foreign, err)
+		}
+		dp2, err := loader.Load(dp.Options(), nil)
+		if err != nil {
+			return err
+		}
+		defer dp2.Close()
+		foreign, err := dp2.ForeignAttachments()
+		if err != nil {
+			return err
+		}
+		if want := []string{"tc-ingress-x0", "xdp-native-x0"}; !slices.Equal(foreign, want) {
+			t.Errorf("foreign attachments before the new datapath attaches: %v, want %v", foreign, want)
+		}
+		if _, err := dp2.AttachNIC("x0", loader.XDPNative); err != nil {
+			return err
+		}
+		if foreign, err := dp2.ForeignAttachments(); err != nil || len(foreign) != 0 {
+			t.Errorf("foreign attachments after the new datapath attached: %v, %v", foreign, err)
 		}
 		return nil
 	})

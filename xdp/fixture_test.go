@@ -122,7 +122,7 @@ func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32, fopts ...f
 	f := &fixture{t: t, ns: ns, dp: dp, maps: dataplane.New(&dp.Maps), prog: dp.XDPProgram()}
 	// Claims trust the SNAT spill marks, as under an agent past its first
 	// check; TestUnmarkedSpillKeepsItsPort covers the datapath before it.
-	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted {
+	if trusted, _, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted {
 		t.Fatalf("trust SNAT spill marks of a fresh datapath: %v, %v", trusted, err)
 	}
 	f.names, err = xdp.StatNames()

@@ -829,8 +829,7 @@ func TestReplyToSameDeviceUsesTX(t *testing.T) {
 // ageFlow makes a flow's once-a-second checks due on its next packet.
 func (f *fixture) ageFlow(k dataplane.FlowKey) {
 	f.t.Helper()
-	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(k.Client.Addr()), Daddr: xdp.AddrToNet(k.Frontend.Addr()),
-		Sport: xdp.PortToNet(k.Client.Port()), Dport: xdp.PortToNet(k.Frontend.Port()), Proto: k.Proto}
+	raw := ctKeyOf(k)
 	var e xdp.NicCtEntry
 	if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
 		f.t.Fatalf("age flow: %v", err)
@@ -869,6 +868,12 @@ func startSNATFlow(t *testing.T, f *fixture) (in, sent packet.Frame, flow datapl
 		t.Fatalf("flow %+v not tracked: %v", key, err)
 	}
 	return in, sent, flow
+}
+
+// ctKeyOf is a flow's conntrack key.
+func ctKeyOf(k dataplane.FlowKey) xdp.NicCtKey {
+	return xdp.NicCtKey{Saddr: xdp.AddrToNet(k.Client.Addr()), Daddr: xdp.AddrToNet(k.Frontend.Addr()),
+		Sport: xdp.PortToNet(k.Client.Port()), Dport: xdp.PortToNet(k.Frontend.Port()), Proto: k.Proto}
 }
 
 // ageReverse does the same for a flow's reverse half.

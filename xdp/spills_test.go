@@ -42,7 +42,7 @@ func (f *fixture) snatSlot(index uint32) xdp.NicSnatSlot {
 	return slot
 }
 
-// offerNext makes a bucket's hand offer port next.
+// offerNext makes a bucket's hand offer port next, and ends any rest.
 func (f *fixture) offerNext(bucket uint32, port uint16) {
 	f.t.Helper()
 	hand := xdp.NicSnatBucketHand{Next: uint32(port - f.dp.Options().SNATPortMin)}
@@ -93,7 +93,7 @@ func TestSpillMarksItsSlot(t *testing.T) {
 	const ports = 32
 	f, two := sharedBucketFixture(t, ports)
 	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
-	toFirst, toSecond := sharedBucketClients(two, ports, 2)
+	toFirst, toSecond := sharedBucketClients(two, ports, 3)
 	for _, c := range toFirst[:ports] {
 		frame.SrcPort = c
 		f.expectVerdict(f.run(frame.Bytes(), f.nic0), xdpRedirect)
@@ -117,7 +117,7 @@ func TestSpillMarksItsSlot(t *testing.T) {
 	// those: a spill whose triple lost its bucket hint has no slot to
 	// carry a mark.
 	f.setSpillsMarked(false)
-	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted {
+	if trusted, _, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted {
 		t.Fatalf("marks not trusted with every spill marked: %v", err)
 	}
 	f.setSpillsMarked(false)
@@ -129,7 +129,7 @@ func TestSpillMarksItsSlot(t *testing.T) {
 	if err := f.dp.Maps.SNATBucketHints.Put(hint, uint32(0)); err != nil {
 		t.Fatal(err)
 	}
-	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || trusted {
+	if trusted, _, err := f.maps.TrustSNATSpillMarks(); err != nil || trusted {
 		t.Fatalf("marks trusted with a spill of a triple without a bucket (%v)", err)
 	}
 	if err := f.dp.Maps.SNATBucketHints.Put(hint, bucketHint); err != nil {
@@ -150,28 +150,43 @@ func TestSpillMarksItsSlot(t *testing.T) {
 	if err := f.maps.DeleteFlow(held); err != nil {
 		t.Fatal(err)
 	}
-	f.offerNext(bucket, sent.SrcPort)
-	frame.SrcPort = toSecond[1]
-	r := f.run(frame.Bytes(), f.nic0)
-	f.expectVerdict(r, xdpRedirect)
-	if got := decode(t, r.out).SrcPort; got == sent.SrcPort {
+	// The bucket's hand offers the spilled port next (and stops resting).
+	claimOffered := func(client uint16) uint16 {
+		t.Helper()
+		f.offerNext(bucket, sent.SrcPort)
+		frame.SrcPort = client
+		r := f.run(frame.Bytes(), f.nic0)
+		f.expectVerdict(r, xdpRedirect)
+		return decode(t, r.out).SrcPort
+	}
+	if got := claimOffered(toSecond[1]); got == sent.SrcPort {
 		t.Fatalf("second flow of backend %s got SNAT port %d, which its first flow holds", second, got)
+	}
+	// Without the mark, the same claim gives the port out twice.
+	slot = f.snatSlot(index)
+	slot.Flags = 0
+	if err := f.dp.Maps.SNATSlots.Put(index, slot); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimOffered(toSecond[2]); got != sent.SrcPort {
+		t.Fatalf("unmarked slot: third flow got SNAT port %d, want the spilled %d given twice "+
+			"(the check above proves nothing otherwise)", got, sent.SrcPort)
 	}
 }
 
-// A spill an older datapath left unmarked is still looked up while the
-// marks are untrusted, and keeps them untrusted until it is gone. Trusting
-// them early would give its port out twice.
+// A live flow's spill that an older datapath left unmarked is still looked
+// up while the marks are untrusted, and keeps them untrusted. Trusting them
+// early would give its port out twice.
 func TestUnmarkedSpillKeepsItsPort(t *testing.T) {
 	f := newFixture(t)
 	in, sent, flow := startSNATFlow(t, f)
 	backend := flow.Backend
 	f.setSpillsMarked(false)
-	rk := f.spill(flow)
+	f.spill(flow)
 	bucket, _ := snatSlotOf(t, f, backend, sent.Src, sent.SrcPort)
 
-	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || trusted {
-		t.Fatalf("marks trusted with an unmarked spill in the nat map (%v)", err)
+	if trusted, _, err := f.maps.TrustSNATSpillMarks(); err != nil || trusted {
+		t.Fatalf("marks trusted with a live flow's unmarked spill in the nat map (%v)", err)
 	}
 	secondPort := func() uint16 {
 		t.Helper()
@@ -193,17 +208,52 @@ func TestUnmarkedSpillKeepsItsPort(t *testing.T) {
 			"(the check above proves nothing otherwise)", got, sent.SrcPort)
 	}
 
-	// Once the spill is gone, the marks are trusted.
+}
+
+// A live flow's spill that an older datapath left unmarked gets its mark
+// at the flow's next check, and then the marks are trusted.
+func TestLiveFlowMarksItsOldSpill(t *testing.T) {
+	f := newFixture(t)
+	in, sent, flow := startSNATFlow(t, f)
 	f.setSpillsMarked(false)
-	if err := f.dp.Maps.NAT.Delete(rk); err != nil {
+	f.spill(flow)
+	_, index := snatSlotOf(t, f, flow.Backend, sent.Src, sent.SrcPort)
+	if trusted, _, err := f.maps.TrustSNATSpillMarks(); err != nil || trusted {
+		t.Fatalf("marks trusted with a live flow's unmarked spill (%v)", err)
+	}
+
+	f.ageFlow(flow.Key())
+	in.Flags = packet.ACK
+	f.expectCounters(map[string]uint64{"redirect": 1}, func() {
+		if out := decode(t, f.run(in.Bytes(), f.nic0).out); out.SrcPort != sent.SrcPort {
+			t.Fatalf("the flow left from SNAT port %d, want %d", out.SrcPort, sent.SrcPort)
+		}
+	})
+	if slot := f.snatSlot(index); slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
+		t.Fatalf("the flow's check left its spill's slot unmarked (flags %#x)", slot.Flags)
+	}
+	if trusted, deleted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted || deleted != 0 {
+		t.Fatalf("after the mark: trusted %v, %d spills deleted, %v; want trusted, none deleted", trusted, deleted, err)
+	}
+}
+
+// The unmarked spill of a flow that has ended (its forward entry evicted)
+// is deleted by the agent's check, and no longer keeps the marks
+// untrusted.
+func TestEndedFlowsUnmarkedSpillIsDeleted(t *testing.T) {
+	f := newFixture(t)
+	_, _, flow := startSNATFlow(t, f)
+	f.setSpillsMarked(false)
+	rk := f.spill(flow)
+	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(flow.Key())); err != nil {
 		t.Fatal(err)
 	}
-	if trusted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted {
-		t.Fatalf("marks not trusted without spills: %v", err)
+	if trusted, deleted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted || deleted != 1 {
+		t.Fatalf("trusted %v, %d spills deleted, %v; want trusted and the ended flow's spill deleted", trusted, deleted, err)
 	}
-	var cfg xdp.NicDatapathConfig
-	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil || cfg.SnatSpillsMarked == 0 {
-		t.Fatalf("datapath config does not trust the marks: %+v, %v", cfg, err)
+	var rev xdp.NicNatEntry
+	if err := f.dp.Maps.NAT.Lookup(rk, &rev); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the ended flow's spill is still in the nat map (%v)", err)
 	}
 }
 

@@ -199,6 +199,9 @@ func detachFresh(dp *loader.Datapath, fresh []string, log *slog.Logger) {
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.dp.Close()
 	defer a.hcNodes.Close()
+	// Goroutines that use the maps end before they are closed.
+	var mapUsers sync.WaitGroup
+	defer mapUsers.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -220,7 +223,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	go a.watchAddresses(ctx)
 	go a.watchPods(ctx)
-	go a.trustSNATSpillMarks(ctx)
+	mapUsers.Go(func() { a.trustSNATSpillMarks(ctx) })
 
 	a.loop(ctx, errc)
 	select {

@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -140,8 +142,9 @@ func hintsService(endpoints ...string) (*corev1.Service, *discoveryv1.EndpointSl
 	return svc, slice
 }
 
-// The agent lets the datapath trust its SNAT spill marks: the loader
-// starts every datapath untrusting.
+// The agent lets the datapath trust its SNAT spill marks (the loader
+// starts every datapath untrusting), but not while a live flow's spill
+// lacks a mark; it deletes that spill once the flow has ended.
 func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 	opts, dp := loadSmallDatapath(t)
 	marked := func() bool {
@@ -155,15 +158,50 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 	if marked() {
 		t.Fatal("a datapath just loaded trusts its spill marks")
 	}
-	cfg := smallAgentConfig(opts)
-	a, err := assemble(cfg, discard(), newMemorySource(), dp)
+
+	// A live flow whose reverse half an older datapath spilled unmarked.
+	client := netip.MustParseAddrPort("198.51.100.7:40000")
+	frontend := netip.MustParseAddrPort("192.0.2.1:30080")
+	backend := netip.MustParseAddrPort("10.244.1.10:8080")
+	snat := netip.AddrPortFrom(frontend.Addr(), opts.SNATPortMin)
+	owner := xdp.NicCtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
+		Daddr: xdp.AddrToNet(frontend.Addr()), Dport: xdp.PortToNet(frontend.Port()), Proto: dataplane.TCP}
+	flags := uint8(xdp.NicCtFlagsCT_F_SNAT | xdp.NicCtFlagsCT_F_EXTERNAL)
+	if err := dp.Maps.Conntrack.Put(owner, xdp.NicCtEntry{LastSeenNs: uint64(dataplane.Now()),
+		BackendAddr: xdp.AddrToNet(backend.Addr()), BackendPort: xdp.PortToNet(backend.Port()),
+		NatAddr: xdp.AddrToNet(snat.Addr()), NatPort: xdp.PortToNet(snat.Port()), Flags: flags,
+		TcpState: uint8(xdp.NicCtTcpStateCT_TCP_SYN | xdp.NicCtTcpStateCT_TCP_ESTABLISHED)}); err != nil {
+		t.Fatal(err)
+	}
+	spill := xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
+		Daddr: xdp.AddrToNet(snat.Addr()), Dport: xdp.PortToNet(snat.Port()), Proto: dataplane.TCP}
+	if err := dp.Maps.NAT.Put(spill, xdp.NicNatEntry{ClientAddr: owner.Saddr, ClientPort: owner.Sport,
+		FrontendAddr: owner.Daddr, FrontendPort: owner.Dport, Flags: flags}); err != nil {
+		t.Fatal(err)
+	}
+
+	a, err := assemble(smallAgentConfig(opts), discard(), newMemorySource(), dp)
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.spillCheckEvery = 10 * time.Millisecond
 	runAgent(t, a)
+	time.Sleep(200 * time.Millisecond)
+	if marked() {
+		t.Fatal("marks trusted while a live flow's spill has no mark")
+	}
+
+	// The flow ends (evicted); its spill goes and the marks are trusted.
+	if err := dp.Maps.Conntrack.Delete(owner); err != nil {
+		t.Fatal(err)
+	}
 	for deadline := time.Now().Add(30 * time.Second); !marked(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("spill marks not trusted 30 s after the agent started")
+			t.Fatal("spill marks not trusted 30 s after the flow ended")
 		}
+	}
+	var rev xdp.NicNatEntry
+	if err := dp.Maps.NAT.Lookup(spill, &rev); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the ended flow's spill is still in the NAT map (%v)", err)
 	}
 }

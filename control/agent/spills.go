@@ -11,14 +11,13 @@ const snatSpillCheckEvery = time.Minute
 
 // trustSNATSpillMarks lets the datapath trust its SNAT spill marks (see
 // dataplane.TrustSNATSpillMarks), which saves a NAT map lookup on most new
-// SNAT flows. The first check waits until no program of an older datapath,
-// which spilled without marking, runs here any more: the NICs' were
-// replaced before Run, the pod interfaces' in the first pass of watchPods.
-// (One left on an interface the agent no longer serves could still spill
-// unmarked; the flow whose port a claim then gives out twice moves to a
-// new port at its next check, within a second.) It checks again every
-// interval until the marks are trusted: an unmarked spill keeps them
-// untrusted until its flow ends or is evicted.
+// SNAT flows. A program of an older datapath spills without marking, so
+// the marks are trusted only while every pinned XDP and TC attachment runs
+// this datapath's programs: the first check waits for the first pass over
+// the pod interfaces (the NICs' programs were replaced before Run). The
+// check repeats every interval until the marks are trusted; until then an
+// attachment left by an earlier agent, or a live flow's unmarked spill,
+// keeps them untrusted.
 func (a *Agent) trustSNATSpillMarks(ctx context.Context) {
 	select {
 	case <-ctx.Done():
@@ -28,16 +27,8 @@ func (a *Agent) trustSNATSpillMarks(ctx context.Context) {
 	tick := time.NewTicker(a.spillCheckEvery)
 	defer tick.Stop()
 	for {
-		trusted, err := a.plane.TrustSNATSpillMarks()
-		switch {
-		case err != nil:
-			a.log.Warn("check SNAT spill marks", "error", err, "retry_in", a.spillCheckEvery)
-		case trusted:
-			a.log.Info("SNAT spill marks trusted: new flows look up the NAT map only for marked ports")
+		if a.checkSNATSpillMarks() {
 			return
-		default:
-			a.log.Info("SNAT spill marks not trusted yet: the NAT map holds a spill an older datapath left unmarked",
-				"retry_in", a.spillCheckEvery)
 		}
 		select {
 		case <-ctx.Done():
@@ -45,4 +36,33 @@ func (a *Agent) trustSNATSpillMarks(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// checkSNATSpillMarks runs one check and reports whether the marks are
+// trusted now.
+func (a *Agent) checkSNATSpillMarks() bool {
+	foreign, err := a.dp.ForeignAttachments()
+	if err != nil {
+		a.log.Warn("check SNAT spill marks: list attachments", "error", err, "retry_in", a.spillCheckEvery)
+		return false
+	}
+	if len(foreign) > 0 {
+		a.log.Info("SNAT spill marks not trusted yet: attachments run another datapath's programs",
+			"links", foreign, "retry_in", a.spillCheckEvery)
+		return false
+	}
+	trusted, deleted, err := a.plane.TrustSNATSpillMarks()
+	if deleted > 0 {
+		a.log.Info("ended flows' unmarked SNAT spills deleted", "entries", deleted)
+	}
+	switch {
+	case err != nil:
+		a.log.Warn("check SNAT spill marks", "error", err, "retry_in", a.spillCheckEvery)
+	case trusted:
+		a.log.Info("SNAT spill marks trusted: new flows look up the NAT map only for marked ports")
+	default:
+		a.log.Info("SNAT spill marks not trusted yet: a live flow's spill has no mark (its next packet adds one)",
+			"retry_in", a.spillCheckEvery)
+	}
+	return trusted
 }

@@ -265,17 +265,18 @@ func (d *Dataplane) FlowEntries() (int, error) {
 // ResetFlows forgets every tracked flow: conntrack, both kinds of reverse
 // halves, SNAT port hands and ClientIP affinity. Flows in progress start
 // over as new ones. It is for a datapath without traffic (perf runs use it
-// between repetitions): zeroing the slots also drops their spill marks,
-// which a spill made meanwhile would need.
+// between repetitions).
 func (d *Dataplane) ResetFlows() error {
 	steps := []struct {
 		what  string
 		clear func() error
 	}{
 		{"conntrack", func() error { return clearHash[xdp.NicCtKey, xdp.NicCtEntry](d.m.Conntrack) }},
+		// Slots before the NAT map: zeroing drops the slots' spill marks,
+		// and a spill made before that must go too.
+		{"SNAT slots", func() error { return zeroArray[xdp.NicSnatSlot](d.m.SNATSlots) }},
 		{"NAT map", func() error { return clearHash[xdp.NicNatKey, xdp.NicNatEntry](d.m.NAT) }},
 		{"affinity", func() error { return clearHash[xdp.NicAffinityKey, xdp.NicAffinityEntry](d.m.Affinity) }},
-		{"SNAT slots", func() error { return zeroArray[xdp.NicSnatSlot](d.m.SNATSlots) }},
 		{"SNAT bucket hands", func() error { return zeroArray[xdp.NicSnatBucketHand](d.m.SNATBucketHands) }},
 		{"SNAT backend hands", func() error { return zeroArray[uint32](d.m.SNATBackendHands) }},
 	}

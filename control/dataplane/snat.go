@@ -87,27 +87,16 @@ func (d *Dataplane) ReleaseSNATHints(backends map[uint32]Backend, extra []netip.
 		}
 	}
 
-	keys := make([]uint32, xdp.SNATBucketHints)
-	hints := make([]uint32, xdp.SNATBucketHints)
-	var cursor ebpf.MapBatchCursor
-	read := 0
-	for read < len(keys) {
-		n, err := d.m.SNATBucketHints.BatchLookup(&cursor, keys[read:], hints[read:], nil)
-		read += n
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return 0, fmt.Errorf("read SNAT bucket hints: %w", err)
-		}
+	hints, err := d.bucketHints()
+	if err != nil {
+		return 0, err
 	}
 	cleared := 0
-	for i := 0; i < read; i++ {
-		index := keys[i]
-		if index >= xdp.SNATBucketHints || hints[i] == 0 || inUse[index] {
-			continue // SNATHintNext is the turn counter, not a hint
+	for index, hint := range hints {
+		if hint == 0 || inUse[index] {
+			continue
 		}
-		if err := d.m.SNATBucketHints.Put(index, uint32(0)); err != nil {
+		if err := d.m.SNATBucketHints.Put(uint32(index), uint32(0)); err != nil {
 			return cleared, fmt.Errorf("clear SNAT bucket hint %d: %w", index, err)
 		}
 		cleared++
@@ -117,7 +106,8 @@ func (d *Dataplane) ReleaseSNATHints(backends map[uint32]Backend, extra []netip.
 
 // TrustSNATSpillMarks tells the datapath that every spill in the NAT map
 // is marked in its slot, if it finds that so, and reports whether the
-// datapath trusts the marks now.
+// datapath trusts the marks now. It deletes the spills of flows that have
+// ended on the way, and returns how many.
 //
 // A spill is a SNAT reply tuple kept in the NAT map although it has a
 // slot: its slot held another backend's tuple (backends share a bucket).
@@ -129,72 +119,148 @@ func (d *Dataplane) ReleaseSNATHints(backends map[uint32]Backend, extra []netip.
 // loaded over pinned maps may find spills an older version made without
 // marking them, and the loader starts every datapath untrusting.
 //
-// Call it once no older datapath runs on this node any more (every
-// program it attached was replaced). A spill whose triple has no bucket
-// hint, or whose slot has no mark, keeps the marks untrusted; it goes
-// when its flow ends or the LRU evicts it, and a later call succeeds.
-func (d *Dataplane) TrustSNATSpillMarks() (bool, error) {
+// Call it only when every program attached on this node is this
+// datapath's (an older one would spill without marking). A spill that
+// lacks a mark (an older version's, or one whose triple has no bucket
+// hint) is deleted when its flow has ended: its forward entry is gone,
+// expired, or answers to another reply tuple. One of a live flow keeps
+// the marks untrusted; the datapath marks its slot at the flow's next
+// check (nat_ensure, once a second while it sends), so a later call
+// succeeds once every such flow has sent a packet or ended.
+func (d *Dataplane) TrustSNATSpillMarks() (trusted bool, deleted int, err error) {
 	var cfg xdp.NicDatapathConfig
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
-		return false, fmt.Errorf("read datapath config: %w", err)
+		return false, 0, fmt.Errorf("read datapath config: %w", err)
 	}
 	if cfg.SnatSpillsMarked != 0 {
-		return true, nil
+		return true, 0, nil
 	}
-	marked, err := d.spillsMarked(cfg)
+	marked, deleted, err := d.settleSpills(cfg)
 	if err != nil || !marked {
-		return false, err
+		return false, deleted, err
 	}
 	cfg.SnatSpillsMarked = 1
 	if err := d.m.Config.Put(uint32(0), cfg); err != nil {
-		return false, fmt.Errorf("write datapath config: %w", err)
+		return false, deleted, fmt.Errorf("write datapath config: %w", err)
 	}
-	return true, nil
+	return true, deleted, nil
 }
 
-// spillsMarked reports whether every spill in the NAT map has a bucket
-// and a marked slot, stopping at the first that has not.
-func (d *Dataplane) spillsMarked(cfg xdp.NicDatapathConfig) (bool, error) {
+// settleSpills deletes the unmarked spills of ended flows and reports
+// whether every other spill has a marked slot.
+func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, deleted int, err error) {
+	hints, err := d.bucketHints()
+	if err != nil {
+		return false, 0, err
+	}
 	keys := make([]xdp.NicNatKey, flowBatch)
 	entries := make([]xdp.NicNatEntry, flowBatch)
-	checked := map[uint32]bool{} // slot indices seen marked
+	markedSlots := map[uint32]bool{}
+	var stale []xdp.NicNatKey
+	marked = true
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := d.m.NAT.BatchLookup(&cursor, keys, entries, nil)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return false, fmt.Errorf("read NAT map: %w", err)
+			return false, 0, fmt.Errorf("read NAT map: %w", err)
 		}
 		for i := range n {
-			k := keys[i]
+			k, e := keys[i], entries[i]
 			port := xdp.NetToPort(k.Dport)
-			if entries[i].Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) == 0 ||
-				port < cfg.SnatPortMin || port > cfg.SnatPortMax {
+			if e.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) == 0 || port < cfg.SnatPortMin || port > cfg.SnatPortMax {
 				continue
 			}
 			backend := netip.AddrPortFrom(xdp.NetToAddr(k.Saddr), xdp.NetToPort(k.Sport))
-			var hint uint32
-			if err := d.m.SNATBucketHints.Lookup(xdp.SNATHint(backend, xdp.NetToAddr(k.Daddr), k.Proto), &hint); err != nil {
-				return false, fmt.Errorf("read SNAT bucket hint: %w", err)
+			if bucket, ok := xdp.SNATHintBucket(hints[xdp.SNATHint(backend, xdp.NetToAddr(k.Daddr), k.Proto)], cfg.SnatBuckets); ok {
+				index := xdp.SNATSlot(bucket, port, cfg.SnatPortMin, cfg.SnatPortMax)
+				if !markedSlots[index] {
+					var slot xdp.NicSnatSlot
+					if err := d.m.SNATSlots.Lookup(index, &slot); err != nil {
+						return false, 0, fmt.Errorf("read SNAT slot %d: %w", index, err)
+					}
+					markedSlots[index] = slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) != 0
+				}
+				if markedSlots[index] {
+					continue
+				}
 			}
-			bucket, ok := xdp.SNATHintBucket(hint, cfg.SnatBuckets)
-			if !ok {
-				return false, nil
+			ended, err := d.spillEnded(k, e, cfg)
+			if err != nil {
+				return false, 0, err
 			}
-			index := xdp.SNATSlot(bucket, port, cfg.SnatPortMin, cfg.SnatPortMax)
-			if checked[index] {
-				continue
+			if ended {
+				stale = append(stale, k)
+			} else {
+				marked = false
 			}
-			var slot xdp.NicSnatSlot
-			if err := d.m.SNATSlots.Lookup(index, &slot); err != nil {
-				return false, fmt.Errorf("read SNAT slot %d: %w", index, err)
-			}
-			if slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
-				return false, nil
-			}
-			checked[index] = true
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return true, nil
+			break
 		}
 	}
+	for _, k := range stale {
+		if err := d.m.NAT.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, deleted, fmt.Errorf("delete ended spill: %w", err)
+		}
+		deleted++
+	}
+	return marked, deleted, nil
+}
+
+// spillEnded reports whether the flow of a spill has ended: its forward
+// entry is gone, expired, or translates to another reply tuple. (Should a
+// late reply rebuild it meanwhile, the flow's next check restores the
+// reverse half it loses when the spill is deleted.)
+func (d *Dataplane) spillEnded(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDatapathConfig) (bool, error) {
+	owner := xdp.NicCtKey{Saddr: e.ClientAddr, Daddr: e.FrontendAddr, Sport: e.ClientPort, Dport: e.FrontendPort, Proto: k.Proto}
+	var ct xdp.NicCtEntry
+	switch err := d.m.Conntrack.Lookup(owner, &ct); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("read conntrack entry: %w", err)
+	}
+	answers := ct.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) != 0 &&
+		ct.BackendAddr == k.Saddr && ct.BackendPort == k.Sport && ct.NatAddr == k.Daddr && ct.NatPort == k.Dport
+	return !answers || uint64(Now())-ct.LastSeenNs > ctTimeout(ct, k.Proto, cfg), nil
+}
+
+// ctTimeout is a conntrack entry's idle timeout (ct_timeout in
+// include/conntrack.h).
+func ctTimeout(ct xdp.NicCtEntry, proto uint8, cfg xdp.NicDatapathConfig) uint64 {
+	if proto != TCP {
+		return cfg.UdpTimeoutNs
+	}
+	established := ct.TcpState&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0 &&
+		ct.TcpState&uint8(xdp.NicCtTcpStateCT_TCP_FIN|xdp.NicCtTcpStateCT_TCP_RST) == 0
+	if established {
+		return cfg.TcpEstablishedTimeoutNs
+	}
+	return cfg.TcpTransientTimeoutNs
+}
+
+// bucketHints reads the whole snat_bucket_hints array (index: a triple's
+// hint; value: its bucket + 1, or 0).
+func (d *Dataplane) bucketHints() ([]uint32, error) {
+	keys := make([]uint32, xdp.SNATBucketHints+1)
+	values := make([]uint32, xdp.SNATBucketHints+1)
+	hints := make([]uint32, xdp.SNATBucketHints)
+	var cursor ebpf.MapBatchCursor
+	read := 0
+	for read < len(keys) {
+		n, err := d.m.SNATBucketHints.BatchLookup(&cursor, keys[read:], values[read:], nil)
+		read += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read SNAT bucket hints: %w", err)
+		}
+	}
+	for i := 0; i < read; i++ {
+		if keys[i] < xdp.SNATBucketHints {
+			hints[keys[i]] = values[i]
+		}
+	}
+	return hints, nil
 }

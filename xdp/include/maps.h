@@ -206,8 +206,9 @@ struct nat_entry {
  * A reply tuple kept in the nat map although it has a slot (its slot held
  * another backend's tuple) is a spill. Spills happen only where backends
  * share a bucket. Each one marks its slot first (SNAT_SLOT_SPILLED, under
- * the lock, never cleared), so a claim of a port whose slot has no mark
- * need not look for a spill of it in the nat map.
+ * the lock; the datapath never clears it), so a claim of a port whose slot
+ * has no mark need not look for a spill of it in the nat map, once the
+ * agent trusts the marks (datapath_config.snat_spills_marked).
  */
 struct snat_slot {
 	struct nat_entry rev;

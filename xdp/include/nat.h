@@ -391,7 +391,7 @@ static __always_inline void snat_release(const struct nat_key *key, const struct
 	if (snat_slot_holds(slot, key)) {
 		if (nat_entry_matches(&slot->rev, flow))
 			slot->key.proto = 0;
-	} else if (snat_slot_may_spill(slot, cfg)) {
+	} else {
 		entry = bpf_map_lookup_elem(&nat, key);
 		if (entry && nat_entry_matches(entry, flow))
 			bpf_map_delete_elem(&nat, key);
@@ -692,10 +692,9 @@ enum nat_check {
 static __always_inline enum nat_check snat_restore_locked(struct snat_slot *slot,
 							  const struct ct_key *flow,
 							  const struct nat_key *key,
-							  const struct nat_entry *entry,
-							  const struct datapath_config *cfg)
+							  const struct nat_entry *entry)
 {
-	struct nat_entry *found = NULL;
+	struct nat_entry *found;
 
 	if (snat_slot_holds(slot, key)) {
 		if (nat_entry_matches(&slot->rev, flow))
@@ -706,8 +705,7 @@ static __always_inline enum nat_check snat_restore_locked(struct snat_slot *slot
 			bpf_map_delete_elem(&nat, key);
 		return NAT_PORT_MOVED;
 	}
-	if (snat_slot_may_spill(slot, cfg))
-		found = bpf_map_lookup_elem(&nat, key);
+	found = bpf_map_lookup_elem(&nat, key);
 	if (found)
 		return nat_entry_matches(found, flow) ? NAT_OK : NAT_PORT_MOVED;
 	if (!slot->key.proto) {
@@ -750,8 +748,16 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 			return NAT_OK;
 	} else {
 		found = bpf_map_lookup_elem(&nat, &key);
-		if (found && nat_entry_matches(found, flow))
+		if (found && nat_entry_matches(found, flow)) {
+			/* A spill an older datapath made carries no mark:
+			 * add it, so the agent can trust the marks. */
+			if (!(READ_ONCE(slot->flags) & SNAT_SLOT_SPILLED) &&
+			    snat_slot_lock(slot, &generation)) {
+				slot->flags |= SNAT_SLOT_SPILLED;
+				snat_slot_unlock(slot, generation);
+			}
 			return NAT_OK;
+		}
 	}
 	/* Missing (released, or evicted from the nat map), or the port now
 	 * belongs to another flow: look again with the port's slot locked (a
@@ -759,7 +765,7 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 	 * finds how that ended). */
 	if (!snat_slot_lock(slot, &generation))
 		return NAT_OK;
-	check = snat_restore_locked(slot, flow, &key, &entry, cfg);
+	check = snat_restore_locked(slot, flow, &key, &entry);
 	snat_slot_unlock(slot, generation);
 	if (check != NAT_PORT_MOVED)
 		return check;
