@@ -216,21 +216,29 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 		// The first step holds most of the ratios: its repetitions are
 		// spread over rounds, each starting every mode again (in
 		// alternating order), so a noisy moment on a shared machine hits
-		// all modes alike instead of one.
-		rounds := 1
-		if i == 0 {
-			rounds = min(cfg.Rounds, cfg.Reps)
-		}
-		acc := map[string]*modeReps{}
+		// all modes alike instead of one. Later steps run each mode once,
+		// except where a target divides the step's figure by a 1-Service
+		// one (referenceFor): that pair runs in rounds of its own.
+		entries := make([]stepEntry, 0, len(run)+1)
 		for _, m := range run {
-			acc[m.name()] = &modeReps{reps: map[string][]rep{}, errs: map[string]error{}}
+			entries = append(entries, stepEntry{m: m, set: st.set, inRounds: i == 0})
 			for _, sc := range scs {
 				rpt.Scheduled = append(rpt.Scheduled, summary.Key{Mode: m.name(), Scenario: sc.id, Services: st.set.Count})
 			}
 		}
+		if i > 0 {
+			entries = addReference(entries, ServiceSet{Count: 1, Targets: 1, Backends: st.set.Backends}, scs)
+		}
+		rounds := 1
+		if i == 0 || len(entries) > len(run) {
+			rounds = min(cfg.Rounds, cfg.Reps)
+		}
+		for k := range entries {
+			entries[k].acc = &modeReps{reps: map[string][]rep{}, errs: map[string]error{}}
+		}
 	rounds:
 		for r := 0; r < rounds; r++ {
-			order := slices.Clone(run)
+			order := slices.Clone(entries)
 			if r%2 == 1 {
 				slices.Reverse(order)
 			}
@@ -238,8 +246,14 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 			if r < cfg.Reps%rounds {
 				perRound++
 			}
-			for _, m := range order {
-				problems := e.runMode(ctx, m, st.set, scs, perRound, acc[m.name()])
+			for _, en := range order {
+				reps := cfg.Reps
+				if en.inRounds {
+					reps = perRound
+				} else if r > 0 {
+					continue
+				}
+				problems := e.runMode(ctx, en.m, en.set, en.scenarios(scs), reps, en.acc)
 				rpt.Problems = append(rpt.Problems, problems...)
 				if err := ctx.Err(); err != nil {
 					rpt.Problems = append(rpt.Problems, "run interrupted: "+err.Error())
@@ -247,15 +261,19 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 				}
 			}
 		}
-		for _, m := range run {
-			a := acc[m.name()]
-			for _, sc := range scs {
-				res := e.result(m, sc, st.set, a.reps[sc.id])
-				if err := a.errs[sc.id]; err != nil && (len(a.reps[sc.id]) == 0 || a.fatal[sc.id]) {
+		for _, en := range entries {
+			for _, sc := range en.scenarios(scs) {
+				res := e.result(en.m, sc, en.set, en.acc.reps[sc.id])
+				if err := en.acc.errs[sc.id]; err != nil && (len(en.acc.reps[sc.id]) == 0 || en.acc.fatal[sc.id]) {
 					res.Error = err.Error()
 				}
-				e.log.Info("result", "mode", m.name(), "scenario", sc.id, "services", st.set.Count, "reps", res.Reps,
+				e.log.Info("result", "mode", en.m.name(), "scenario", sc.id, "services", en.set.Count, "reps", res.Reps,
 					"mpps", summary.FormatMpps(res.Mpps), "loss", fmt.Sprintf("%.1f%%", 100*res.Loss), "notes", summary.Notes(res), "err", res.Error)
+				if en.alongside != 0 {
+					res.Alongside = en.alongside
+					rpt.References = append(rpt.References, res)
+					continue
+				}
 				rpt.Results = append(rpt.Results, res)
 			}
 		}
@@ -277,6 +295,52 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 		return rpt, err
 	}
 	return rpt, nil
+}
+
+// stepEntry is one mode run of a step: a mode on a Service set.
+type stepEntry struct {
+	m   mode
+	set ServiceSet
+	// inRounds: its repetitions are spread over the step's rounds (else
+	// it runs once, in the first).
+	inRounds bool
+	// alongside, for a reference figure, is the Service count of the step
+	// (see addReference); it measures only referenceScenario.
+	alongside int
+	acc       *modeReps
+}
+
+func (en stepEntry) scenarios(scs []scenario) []scenario {
+	if en.alongside == 0 {
+		return scs
+	}
+	return pick(scs, referenceScenario)
+}
+
+// referenceFor is the step whose xdplb figure a target divides by
+// xdplb's 1-Service figure, and referenceScenario the scenario. Taken
+// minutes apart in different steps, that ratio moved by 0.7-1.3x with
+// the machine's load while the datapath benchmark stayed flat, so the
+// step measures its own 1-Service reference, in rounds alternating with
+// its own figure.
+const (
+	referenceFor      = 10000
+	referenceScenario = "new-remote"
+)
+
+// addReference adds the 1-Service reference run to a step that needs one,
+// and puts xdplb's own run in rounds with it.
+func addReference(entries []stepEntry, one ServiceSet, scs []scenario) []stepEntry {
+	if len(pick(scs, referenceScenario)) == 0 {
+		return entries
+	}
+	for k, en := range entries {
+		if en.m.name() == summary.ModeXDPLB && en.set.Count == referenceFor {
+			entries[k].inRounds = true
+			return append(entries, stepEntry{m: en.m, set: one, inRounds: true, alongside: en.set.Count})
+		}
+	}
+	return entries
 }
 
 // modeReps collects a mode's repetitions of each scenario over rounds.
@@ -404,6 +468,7 @@ func measurementNotes(e *env) []string {
 		"Modes without their own XDP program (kube-proxy, xdplb-tc) get XDP_PASS on the edge node's NICs: a veth accepts XDP-transmitted frames only when it runs an XDP program. Physical NICs need no such thing.",
 		fmt.Sprintf("xdplb runs with --conntrack-max %d (the kernel conntrack's limit here) and its default --snat-port-range %s; kube-proxy masquerades with ports 1024-65535.", conntrackMax, snatPortRange),
 		"New-flow repetitions are bounded in count so no backend runs out of NAT ports (16 backends per target Service); conntrack is emptied between repetitions. Reaching a port limit is the snat-exhaust scenario's subject: one backend, 100k new flows.",
+		fmt.Sprintf("The %s-Service step measures xdplb's %s figure at 1 Service again (References), in rounds alternating with its own xdplb figure; the scale target divides by that reference, not by the first step's figure, minutes apart.", summary.FormatServices(referenceFor), referenceScenario),
 	}
 	if e.warmUp {
 		notes = append(notes, "Every start of a mode runs each scenario once unrecorded before its repetitions: fresh maps hand out entries in memory order, emptied ones in scattered order, as on a node that has run for a while (xdplb's first new-flow repetition after a start was 25-35% faster than the rest).")

@@ -290,3 +290,30 @@ func TestCheckSelection(t *testing.T) {
 		}
 	}
 }
+
+// The 10k step measures xdplb's 1-Service reference in rounds with its own
+// xdplb figure; other steps and modes run once.
+func TestAddReference(t *testing.T) {
+	all := scenarios(false)
+	newFlows := pick(all, referenceScenario)
+	one := ServiceSet{Count: 1, Targets: 1, Backends: 16}
+	xdpMode, tcMode := &xdplbMode{}, &xdplbMode{xdpOff: true}
+	step := func(n int) []stepEntry {
+		set := ServiceSet{Count: n, Targets: min(n, targetsPerSet), Backends: 16}
+		return []stepEntry{{m: xdpMode, set: set}, {m: tcMode, set: set}}
+	}
+	got := addReference(step(referenceFor), one, newFlows)
+	if len(got) != 3 || !got[0].inRounds || got[1].inRounds {
+		t.Fatalf("10k step: %+v, want xdplb in rounds with a reference, the TC mode once", got)
+	}
+	if ref := got[2]; ref.m.name() != summary.ModeXDPLB || ref.set != one || !ref.inRounds || ref.alongside != referenceFor ||
+		len(ref.scenarios(newFlows)) != 1 {
+		t.Errorf("reference entry %+v", ref)
+	}
+	if got := addReference(step(1000), one, newFlows); len(got) != 2 || got[0].inRounds {
+		t.Errorf("1k step: %+v, want no reference", got)
+	}
+	if got := addReference(step(referenceFor), one, pick(all, "est-remote")); len(got) != 2 {
+		t.Errorf("10k step without new flows: %+v, want no reference", got)
+	}
+}

@@ -203,6 +203,20 @@ func (r *Report) Markdown(svg string) string {
 			FormatServices(res.Services), FormatMpps(res.Mpps), FormatMpps(res.OfferedMpps), 100*res.Loss,
 			formatCost(res.CPUSecPerMpkt), formatCost(res.NodeCPUSecPerMpkt), mdEscape(Notes(res)))
 	}
+	if len(r.References) > 0 {
+		b.WriteString("\n**References** (measured only as the base of a target's ratio, in rounds alternating with the figure it divides)\n\n")
+		b.WriteString("| mode | scenario | services | alongside | Mpps | reps | CPU s/Mpkt | node CPU s/Mpkt |\n")
+		b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, res := range r.References {
+			mpps := FormatMpps(res.Mpps)
+			if res.Error != "" {
+				mpps = "error: " + mdEscape(res.Error)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d | %s | %s |\n", res.Mode, res.Scenario,
+				FormatServices(res.Services), FormatServices(res.Alongside), mpps, res.Reps,
+				formatCost(res.CPUSecPerMpkt), formatCost(res.NodeCPUSecPerMpkt))
+		}
+	}
 	if len(r.Problems) > 0 {
 		b.WriteString("\n**Problems during the run**\n\n")
 		for _, p := range r.Problems {

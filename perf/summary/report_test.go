@@ -145,6 +145,22 @@ func TestComputeTargets(t *testing.T) {
 		t.Errorf("CPU ratio %v, want %v", tg.CPURatio, 5/0.8)
 	}
 
+	// A 1-Service reference measured alongside the 10k step is the base
+	// of the scale ratio, in place of the first step's figure.
+	r.References = append(r.References, Result{Mode: ModeXDPLB, Scenario: "new-remote", Services: 1,
+		Alongside: 10000, Reps: 3, Sent: 100, Arrived: 100, Mpps: 1.0})
+	r.ComputeTargets()
+	for _, tg := range r.Targets {
+		if tg.Name == "xdplb at 10k Services vs. 1 Service" &&
+			(math.Abs(tg.Ratio-1.1) > 1e-9 || !strings.Contains(tg.Detail, "alongside")) {
+			t.Errorf("scale target with a reference: ratio %v (%s), want 1.1 against the reference", tg.Ratio, tg.Detail)
+		}
+	}
+	if md := r.Markdown(""); !strings.Contains(md, "**References**") {
+		t.Error("the Markdown report does not list the reference figure")
+	}
+
+	r.References = nil
 	r.Results = r.Results[:4] // no new-flow figures
 	r.ComputeTargets()
 	for _, tg := range r.Targets[1:] {
