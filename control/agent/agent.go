@@ -393,7 +393,10 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.ServicePorts.Set(float64(len(state.Services)))
 	a.metrics.PendingChanges.Set(float64(a.pending.Load()))
 	a.observeProgramming(state, changed)
-	if a.pending.Load() == 0 {
+	// Healthy once nothing is queued and the pod interfaces there were at
+	// the start carry the pod program (a pod's traffic to a service
+	// bypasses the datapath until then); podsDone triggers a sync.
+	if a.pending.Load() == 0 && a.podsAttached() {
 		a.tracker.Updated()
 	}
 

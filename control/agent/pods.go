@@ -133,9 +133,26 @@ func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool
 }
 
 // podsDone records that the pod interfaces there were at the start carry
-// this datapath's program.
+// this datapath's program, and asks for a sync, which reports the agent
+// healthy.
 func (a *Agent) podsDone() {
-	a.podsListedOnce.Do(func() { close(a.podsListed) })
+	a.podsListedOnce.Do(func() {
+		close(a.podsListed)
+		select {
+		case a.trigger <- struct{}{}:
+		default:
+		}
+	})
+}
+
+// podsAttached reports whether podsDone has run.
+func (a *Agent) podsAttached() bool {
+	select {
+	case <-a.podsListed:
+		return true
+	default:
+		return false
+	}
 }
 
 func (a *Agent) attachPod(name string, ifindex int, attached map[string]int) {
