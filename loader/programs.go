@@ -42,6 +42,9 @@ func (d *Datapath) ForeignAttachments() ([]string, error) {
 			continue
 		}
 		l, err := link.LoadPinnedLink(filepath.Join(dir, name), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // forgotten meanwhile (a pod interface went away)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("open pinned link %s: %w", name, err)
 		}

@@ -210,14 +210,28 @@ func TestUnmarkedSpillKeepsItsPort(t *testing.T) {
 
 }
 
+// oldSpillFixture starts a SNAT flow and spills its reverse half without a
+// mark, with the marks untrusted, as after an upgrade; index is the slot.
+func oldSpillFixture(t *testing.T) (f *fixture, in, sent packet.Frame, flow dataplane.Flow, index uint32) {
+	f = newFixture(t)
+	in, sent, flow = startSNATFlow(t, f)
+	f.setSpillsMarked(false)
+	f.spill(flow)
+	_, index = snatSlotOf(t, f, flow.Backend, sent.Src, sent.SrcPort)
+	return f, in, sent, flow, index
+}
+
+func (f *fixture) expectSpillMark(index uint32, by string) {
+	f.t.Helper()
+	if slot := f.snatSlot(index); slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
+		f.t.Fatalf("%s left its spill's slot unmarked (flags %#x)", by, slot.Flags)
+	}
+}
+
 // A live flow's spill that an older datapath left unmarked gets its mark
 // at the flow's next check, and then the marks are trusted.
 func TestLiveFlowMarksItsOldSpill(t *testing.T) {
-	f := newFixture(t)
-	in, sent, flow := startSNATFlow(t, f)
-	f.setSpillsMarked(false)
-	f.spill(flow)
-	_, index := snatSlotOf(t, f, flow.Backend, sent.Src, sent.SrcPort)
+	f, in, sent, flow, index := oldSpillFixture(t)
 	if trusted, _, err := f.maps.TrustSNATSpillMarks(); err != nil || trusted {
 		t.Fatalf("marks trusted with a live flow's unmarked spill (%v)", err)
 	}
@@ -229,12 +243,25 @@ func TestLiveFlowMarksItsOldSpill(t *testing.T) {
 			t.Fatalf("the flow left from SNAT port %d, want %d", out.SrcPort, sent.SrcPort)
 		}
 	})
-	if slot := f.snatSlot(index); slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
-		t.Fatalf("the flow's check left its spill's slot unmarked (flags %#x)", slot.Flags)
-	}
+	f.expectSpillMark(index, "the flow's check")
 	if trusted, deleted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted || deleted != 0 {
 		t.Fatalf("after the mark: trusted %v, %d spills deleted, %v; want trusted, none deleted", trusted, deleted, err)
 	}
+}
+
+// So does a reply to it: a flow whose replies keep it fresh may not send
+// a packet of its own for a long time.
+func TestReplyMarksAnOldSpill(t *testing.T) {
+	f, in, sent, flow, index := oldSpillFixture(t)
+	f.ageReverse(flow)
+	reply := packet.Frame{Src: flow.Backend.Addr(), Dst: sent.Src, Proto: packet.TCP, SrcPort: flow.Backend.Port(),
+		DstPort: sent.SrcPort, Flags: packet.ACK}
+	f.expectCounters(map[string]uint64{"reverse_nat": 1, "redirect": 1}, func() {
+		if back := decode(t, f.run(reply.Bytes(), f.nic1).out); back.DstPort != in.SrcPort {
+			t.Fatalf("reply translated to port %d, want %d", back.DstPort, in.SrcPort)
+		}
+	})
+	f.expectSpillMark(index, "the reply")
 }
 
 // The unmarked spill of a flow that has ended (its forward entry evicted)

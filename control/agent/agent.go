@@ -62,6 +62,7 @@ type Agent struct {
 	// podsListed: closed (once) when watchPods has attached to the pod
 	// interfaces there were at the start.
 	spillCheckEvery time.Duration
+	spillChecks     atomic.Uint64 // checks run, for tests
 	podsListed      chan struct{}
 	podsListedOnce  sync.Once
 	lastTrigger     map[string]time.Time // service port key -> last-change-trigger-time observed
@@ -221,8 +222,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("source: %w", err)
 		}
 	}()
-	go a.watchAddresses(ctx)
-	go a.watchPods(ctx)
+	mapUsers.Go(func() { a.watchAddresses(ctx) })
+	mapUsers.Go(func() { a.watchPods(ctx) })
 	mapUsers.Go(func() { a.trustSNATSpillMarks(ctx) })
 
 	a.loop(ctx, errc)
@@ -393,9 +394,10 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.ServicePorts.Set(float64(len(state.Services)))
 	a.metrics.PendingChanges.Set(float64(a.pending.Load()))
 	a.observeProgramming(state, changed)
-	// Healthy once nothing is queued and the pod interfaces there were at
-	// the start carry the pod program (a pod's traffic to a service
-	// bypasses the datapath until then); podsDone triggers a sync.
+	// Healthy once nothing is queued and the first pass over the pod
+	// interfaces is done (a pod's traffic to a service bypasses the
+	// datapath until its interface has the pod program; a pass that could
+	// not list the interfaces counts as done); podsDone triggers a sync.
 	if a.pending.Load() == 0 && a.podsAttached() {
 		a.tracker.Updated()
 	}

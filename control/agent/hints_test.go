@@ -203,7 +203,11 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 	}
 	a.spillCheckEvery = 10 * time.Millisecond
 	runAgent(t, a)
-	time.Sleep(200 * time.Millisecond)
+	for deadline := time.Now().Add(30 * time.Second); a.spillChecks.Load() < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("fewer than 3 spill mark checks in 30 s")
+		}
+	}
 	if marked() {
 		t.Fatal("marks trusted while a live flow's spill has no mark")
 	}

@@ -41,6 +41,7 @@ func (a *Agent) trustSNATSpillMarks(ctx context.Context) {
 // checkSNATSpillMarks runs one check and reports whether the marks are
 // trusted now.
 func (a *Agent) checkSNATSpillMarks() bool {
+	defer a.spillChecks.Add(1)
 	foreign, err := a.dp.ForeignAttachments()
 	if err != nil {
 		a.log.Warn("check SNAT spill marks: list attachments", "error", err, "retry_in", a.spillCheckEvery)
@@ -61,7 +62,7 @@ func (a *Agent) checkSNATSpillMarks() bool {
 	case trusted:
 		a.log.Info("SNAT spill marks trusted: new flows look up the NAT map only for marked ports")
 	default:
-		a.log.Info("SNAT spill marks not trusted yet: a live flow's spill has no mark (its next packet adds one)",
+		a.log.Info("SNAT spill marks not trusted yet: a live flow's spill has no mark (its next packet or reply adds one)",
 			"retry_in", a.spillCheckEvery)
 	}
 	return trusted

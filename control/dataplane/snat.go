@@ -125,8 +125,8 @@ func (d *Dataplane) ReleaseSNATHints(backends map[uint32]Backend, extra []netip.
 // hint) is deleted when its flow has ended: its forward entry is gone,
 // expired, or answers to another reply tuple. One of a live flow keeps
 // the marks untrusted; the datapath marks its slot at the flow's next
-// check (nat_ensure, once a second while it sends), so a later call
-// succeeds once every such flow has sent a packet or ended.
+// check or reply (once a second while it has traffic), so a later call
+// succeeds once every such flow has had a packet or ended.
 func (d *Dataplane) TrustSNATSpillMarks() (trusted bool, deleted int, err error) {
 	var cfg xdp.NicDatapathConfig
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
@@ -156,7 +156,6 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 	keys := make([]xdp.NicNatKey, flowBatch)
 	entries := make([]xdp.NicNatEntry, flowBatch)
 	markedSlots := map[uint32]bool{}
-	var stale []xdp.NicNatKey
 	marked = true
 	var cursor ebpf.MapBatchCursor
 	for {
@@ -186,25 +185,50 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 			}
 			ended, err := d.spillEnded(k, e, cfg)
 			if err != nil {
-				return false, 0, err
+				return false, deleted, err
 			}
-			if ended {
-				stale = append(stale, k)
-			} else {
+			if !ended {
 				marked = false
+				continue
+			}
+			gone, err := d.deleteSpill(k, e)
+			if err != nil {
+				return false, deleted, err
+			}
+			if gone {
+				deleted++
+			} else {
+				marked = false // a new flow took the tuple over: look again next time
 			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			break
 		}
 	}
-	for _, k := range stale {
-		if err := d.m.NAT.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return false, deleted, fmt.Errorf("delete ended spill: %w", err)
-		}
-		deleted++
-	}
 	return marked, deleted, nil
+}
+
+// deleteSpill deletes an ended flow's spill if the entry is still that
+// flow's: a claim may have taken the tuple over for a new flow since it
+// was read. (Between this read and the delete a claim could still do so;
+// the new flow's check then restores its reverse half within a second.)
+// It reports whether the spill is gone.
+func (d *Dataplane) deleteSpill(k xdp.NicNatKey, e xdp.NicNatEntry) (bool, error) {
+	var now xdp.NicNatEntry
+	switch err := d.m.NAT.Lookup(k, &now); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("read NAT entry: %w", err)
+	}
+	if now.ClientAddr != e.ClientAddr || now.ClientPort != e.ClientPort ||
+		now.FrontendAddr != e.FrontendAddr || now.FrontendPort != e.FrontendPort {
+		return false, nil
+	}
+	if err := d.m.NAT.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, fmt.Errorf("delete ended spill: %w", err)
+	}
+	return true, nil
 }
 
 // spillEnded reports whether the flow of a spill has ended: its forward

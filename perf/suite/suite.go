@@ -288,6 +288,9 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 			break
 		}
 	}
+	if len(rpt.References) > 0 {
+		rpt.Machine.Notes = append(rpt.Machine.Notes, fmt.Sprintf("The %s-Service step measures xdplb's %s figure at 1 Service again (References), in rounds alternating with its own xdplb figure; the scale target divides by that reference, not by the first step's figure, minutes apart.", summary.FormatServices(referenceFor), referenceScenario))
+	}
 	rpt.SortResults()
 	rpt.ComputeTargets()
 	rpt.Duration = time.Since(started).Seconds()
@@ -337,7 +340,8 @@ func addReference(entries []stepEntry, one ServiceSet, scs []scenario) []stepEnt
 	for k, en := range entries {
 		if en.m.name() == summary.ModeXDPLB && en.set.Count == referenceFor {
 			entries[k].inRounds = true
-			return append(entries, stepEntry{m: en.m, set: one, inRounds: true, alongside: en.set.Count})
+			// Right after its partner, in the first round too.
+			return slices.Insert(entries, k+1, stepEntry{m: en.m, set: one, inRounds: true, alongside: en.set.Count})
 		}
 	}
 	return entries
@@ -468,7 +472,6 @@ func measurementNotes(e *env) []string {
 		"Modes without their own XDP program (kube-proxy, xdplb-tc) get XDP_PASS on the edge node's NICs: a veth accepts XDP-transmitted frames only when it runs an XDP program. Physical NICs need no such thing.",
 		fmt.Sprintf("xdplb runs with --conntrack-max %d (the kernel conntrack's limit here) and its default --snat-port-range %s; kube-proxy masquerades with ports 1024-65535.", conntrackMax, snatPortRange),
 		"New-flow repetitions are bounded in count so no backend runs out of NAT ports (16 backends per target Service); conntrack is emptied between repetitions. Reaching a port limit is the snat-exhaust scenario's subject: one backend, 100k new flows.",
-		fmt.Sprintf("The %s-Service step measures xdplb's %s figure at 1 Service again (References), in rounds alternating with its own xdplb figure; the scale target divides by that reference, not by the first step's figure, minutes apart.", summary.FormatServices(referenceFor), referenceScenario),
 	}
 	if e.warmUp {
 		notes = append(notes, "Every start of a mode runs each scenario once unrecorded before its repetitions: fresh maps hand out entries in memory order, emptied ones in scattered order, as on a node that has run for a while (xdplb's first new-flow repetition after a start was 25-35% faster than the rest).")

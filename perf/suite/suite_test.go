@@ -303,10 +303,10 @@ func TestAddReference(t *testing.T) {
 		return []stepEntry{{m: xdpMode, set: set}, {m: tcMode, set: set}}
 	}
 	got := addReference(step(referenceFor), one, newFlows)
-	if len(got) != 3 || !got[0].inRounds || got[1].inRounds {
-		t.Fatalf("10k step: %+v, want xdplb in rounds with a reference, the TC mode once", got)
+	if len(got) != 3 || !got[0].inRounds || got[2].inRounds {
+		t.Fatalf("10k step: %+v, want xdplb in rounds with a reference right after it, the TC mode once", got)
 	}
-	if ref := got[2]; ref.m.name() != summary.ModeXDPLB || ref.set != one || !ref.inRounds || ref.alongside != referenceFor ||
+	if ref := got[1]; ref.m.name() != summary.ModeXDPLB || ref.set != one || !ref.inRounds || ref.alongside != referenceFor ||
 		len(ref.scenarios(newFlows)) != 1 {
 		t.Errorf("reference entry %+v", ref)
 	}

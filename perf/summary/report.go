@@ -320,6 +320,8 @@ func (r *Report) ComputeTargets() {
 		if s.alongside {
 			if ref, ok := r.FindReference(s.b.Mode, s.b.Scenario, s.b.Services, s.a.Services); ok && ref.OK() {
 				b, okB, note = ref, true, " (measured alongside, in alternating rounds)"
+			} else if ok {
+				note = " (the reference alongside failed: the first step's figure)"
 			}
 		}
 		switch {

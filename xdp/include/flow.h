@@ -393,6 +393,7 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 	if (refresh) {
 		rev->last_seen_ns = now;
 		rev->hop.ifindex = 0; /* re-route the client once a second */
+		nat_mark_spill(key, rev);
 	}
 	return 0;
 }

@@ -363,6 +363,19 @@ static __always_inline int snat_slot_may_spill(const struct snat_slot *slot,
 	return !cfg->snat_spills_marked || (slot->flags & SNAT_SLOT_SPILLED);
 }
 
+/* Mark a slot as spilled into, if it is not yet: for a spill an older
+ * datapath made without marking (the agent trusts the marks only once
+ * every spill is marked). The lock orders it with claims of the port. */
+static __always_inline void snat_slot_mark(struct snat_slot *slot)
+{
+	__u32 generation;
+
+	if (!(READ_ONCE(slot->flags) & SNAT_SLOT_SPILLED) && snat_slot_lock(slot, &generation)) {
+		slot->flags |= SNAT_SLOT_SPILLED;
+		snat_slot_unlock(slot, generation);
+	}
+}
+
 /* Spill a reply tuple of a locked slot into the nat map, marking the slot
  * first. 0 on success, else the map update's error. */
 static __always_inline long snat_spill(struct snat_slot *slot, const struct nat_key *key,
@@ -667,6 +680,21 @@ static __always_inline void nat_release(const struct ct_key *flow, const struct 
 		bpf_map_delete_elem(&nat, &key);
 }
 
+/* A reply found its reverse half in the nat map: if that is a spill, make
+ * sure its slot is marked (replies alone keep a flow's forward entry
+ * fresh, so its own check may not come for a long time). */
+static __always_inline void nat_mark_spill(const struct nat_key *key, const struct nat_entry *rev)
+{
+	struct datapath_config *cfg = config_get();
+	struct snat_slot *slot;
+
+	if (!cfg || !(rev->flags & CT_F_SNAT) || !snat_port_in_range(cfg, key->dport))
+		return;
+	slot = snat_slot_of(key, cfg);
+	if (slot && !snat_slot_holds(slot, key))
+		snat_slot_mark(slot);
+}
+
 /* Forget a reverse entry that turned out stale (its forward half moved on). */
 static __always_inline void nat_forget(const struct nat_key *key, const struct nat_entry *rev)
 {
@@ -749,13 +777,7 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 	} else {
 		found = bpf_map_lookup_elem(&nat, &key);
 		if (found && nat_entry_matches(found, flow)) {
-			/* A spill an older datapath made carries no mark:
-			 * add it, so the agent can trust the marks. */
-			if (!(READ_ONCE(slot->flags) & SNAT_SLOT_SPILLED) &&
-			    snat_slot_lock(slot, &generation)) {
-				slot->flags |= SNAT_SLOT_SPILLED;
-				snat_slot_unlock(slot, generation);
-			}
+			snat_slot_mark(slot);
 			return NAT_OK;
 		}
 	}
