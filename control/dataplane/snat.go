@@ -155,13 +155,32 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 	}
 	keys := make([]xdp.NicNatKey, flowBatch)
 	entries := make([]xdp.NicNatEntry, flowBatch)
-	markedSlots := map[uint32]bool{}
+	markedSlots := map[uint32]bool{} // slot index -> marked, as read
+	// slotMarked reports whether a spill's slot is marked; false also for a
+	// spill whose triple has no bucket (no slot to carry a mark).
+	slotMarked := func(k xdp.NicNatKey, port uint16) (bool, error) {
+		backend := netip.AddrPortFrom(xdp.NetToAddr(k.Saddr), xdp.NetToPort(k.Sport))
+		bucket, ok := xdp.SNATHintBucket(hints[xdp.SNATHint(backend, xdp.NetToAddr(k.Daddr), k.Proto)], cfg.SnatBuckets)
+		if !ok {
+			return false, nil
+		}
+		index := xdp.SNATSlot(bucket, port, cfg.SnatPortMin, cfg.SnatPortMax)
+		if m, seen := markedSlots[index]; seen {
+			return m, nil
+		}
+		var slot xdp.NicSnatSlot
+		if err := d.m.SNATSlots.Lookup(index, &slot); err != nil {
+			return false, fmt.Errorf("read SNAT slot %d: %w", index, err)
+		}
+		markedSlots[index] = slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) != 0
+		return markedSlots[index], nil
+	}
 	marked = true
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := d.m.NAT.BatchLookup(&cursor, keys, entries, nil)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return false, 0, fmt.Errorf("read NAT map: %w", err)
+			return false, deleted, fmt.Errorf("read NAT map: %w", err)
 		}
 		for i := range n {
 			k, e := keys[i], entries[i]
@@ -169,19 +188,12 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 			if e.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) == 0 || port < cfg.SnatPortMin || port > cfg.SnatPortMax {
 				continue
 			}
-			backend := netip.AddrPortFrom(xdp.NetToAddr(k.Saddr), xdp.NetToPort(k.Sport))
-			if bucket, ok := xdp.SNATHintBucket(hints[xdp.SNATHint(backend, xdp.NetToAddr(k.Daddr), k.Proto)], cfg.SnatBuckets); ok {
-				index := xdp.SNATSlot(bucket, port, cfg.SnatPortMin, cfg.SnatPortMax)
-				if !markedSlots[index] {
-					var slot xdp.NicSnatSlot
-					if err := d.m.SNATSlots.Lookup(index, &slot); err != nil {
-						return false, 0, fmt.Errorf("read SNAT slot %d: %w", index, err)
-					}
-					markedSlots[index] = slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) != 0
-				}
-				if markedSlots[index] {
-					continue
-				}
+			slotOK, err := slotMarked(k, port)
+			if err != nil {
+				return false, deleted, err
+			}
+			if slotOK {
+				continue
 			}
 			ended, err := d.spillEnded(k, e, cfg)
 			if err != nil {

@@ -95,6 +95,11 @@ func pick(all []scenario, ids ...string) []scenario {
 // targetsPerSet is how many Services carry traffic at scale.
 const targetsPerSet = 16
 
+// newServiceSet is the set of a step with n Services.
+func newServiceSet(n, backends int) ServiceSet {
+	return ServiceSet{Count: n, Targets: min(n, targetsPerSet), Backends: backends}
+}
+
 // plan lists the steps of a run. counts are the Service counts (the first
 // runs every scenario, the others new flows only); 100k and more run only
 // the xdplb modes.
@@ -108,7 +113,7 @@ func plan(quick bool, counts []int, backends int) []step {
 	}
 	var steps []step
 	for i, n := range counts {
-		st := step{set: ServiceSet{Count: n, Targets: min(n, targetsPerSet), Backends: backends}}
+		st := step{set: newServiceSet(n, backends)}
 		switch {
 		case i == 0 && quick:
 			st.scenarios = pick(all, "est-remote", "new-remote")

@@ -227,10 +227,10 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 			}
 		}
 		if i > 0 {
-			entries = addReference(entries, ServiceSet{Count: 1, Targets: 1, Backends: st.set.Backends}, scs)
+			entries = addReference(entries, newServiceSet(1, st.set.Backends), scs)
 		}
 		rounds := 1
-		if i == 0 || len(entries) > len(run) {
+		if slices.ContainsFunc(entries, func(en stepEntry) bool { return en.inRounds }) {
 			rounds = min(cfg.Rounds, cfg.Reps)
 		}
 		for k := range entries {

@@ -688,7 +688,9 @@ static __always_inline void nat_mark_spill(const struct nat_key *key, const stru
 	struct datapath_config *cfg = config_get();
 	struct snat_slot *slot;
 
-	if (!cfg || !(rev->flags & CT_F_SNAT) || !snat_port_in_range(cfg, key->dport))
+	/* Once the marks are trusted, every spill was marked when made. */
+	if (!cfg || cfg->snat_spills_marked || !(rev->flags & CT_F_SNAT) ||
+	    !snat_port_in_range(cfg, key->dport))
 		return;
 	slot = snat_slot_of(key, cfg);
 	if (slot && !snat_slot_holds(slot, key))
