@@ -358,3 +358,57 @@ func TestHostReachesServices(t *testing.T) {
 		t.Fatalf("host UDP -> %s: %+v %v", addr(lbIP, 53), a, err)
 	}
 }
+
+// web is a ClusterIP service on the pods' HTTP servers.
+func web(name, clusterIP string, eps ...*topology.Pod) topology.Service {
+	return topology.Service{
+		Name: name, ClusterIP: clusterIP,
+		Ports:     []topology.ServicePort{{Name: "http", Port: 80, TargetPort: topology.HTTPPort}},
+		Endpoints: eps,
+	}
+}
+
+// Bulk replies leave a pod as GSO packets far larger than the MTU (veth
+// offloads segmentation); they must be translated and sent on like any
+// other, whichever hook sees them, to a client outside and to a pod. The
+// client pauses, so the transfer goes on after a flow's cached next hop
+// expired (once a second) and its packets are routed afresh.
+func TestBulkRepliesArriveWhole(t *testing.T) {
+	s := newSandbox(t, 1, 2)
+	client, local, remote := s.local[1], s.local[0], s.pods[0]
+	s.write(
+		shop(local),
+		web("to-local", "10.96.2.1", local),
+		web("to-remote", "10.96.2.2", remote),
+	)
+	s.startAgent()
+	const size = 4 << 20
+	for _, c := range []struct {
+		what string
+		from *topology.Pod // nil: the client outside
+		addr string
+		want *topology.Pod
+	}{
+		{"outside client to a local backend", nil, addr(lbIP, 80), local},
+		{"outside client to a local backend's NodePort", nil, addr(topology.EdgeAddr, 30081), local},
+		{"pod to a local backend", client, "10.96.2.1:80", local},
+		{"pod to a remote backend", client, "10.96.2.2:80", remote},
+	} {
+		ns := s.topo.Client
+		if c.from != nil {
+			ns = c.from.NS
+		}
+		name, err := topology.HTTPDownload(ns, c.addr, size, 1500*time.Millisecond)
+		if err != nil {
+			t.Errorf("%s: %d bytes from %s: %v", c.what, size, c.addr, err)
+			continue
+		}
+		if name != c.want.Name {
+			t.Errorf("%s: answered by %s, want %s", c.what, name, c.want.Name)
+		}
+	}
+	// Only counters that moved are listed.
+	if out := s.cli("status"); strings.Contains(out, "pass_frag_needed") {
+		t.Errorf("packets of the transfers were taken for too big and handed to the stack translated:\n%s", out)
+	}
+}

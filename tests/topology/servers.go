@@ -15,7 +15,8 @@ import (
 )
 
 // Server is a pod's tiny application: an HTTP server answering every
-// request with the pod's name, a TCP line server answering every line with
+// request with the pod's name (and for GET /bytes/N, N more bytes after
+// it, for bulk transfers), a TCP line server answering every line with
 // the pod's name (for long-lived connections), and a UDP server answering
 // every datagram with the pod's name and the client address it saw.
 type Server struct {
@@ -70,16 +71,20 @@ func (s *Server) serveHTTP(l net.Listener) {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(10 * time.Second))
 			r := bufio.NewReader(c)
-			for {
+			var extra int
+			for first := true; ; first = false {
 				line, err := r.ReadString('\n')
 				if err != nil {
 					return
+				}
+				if first {
+					fmt.Sscanf(line, "GET /bytes/%d ", &extra)
 				}
 				if strings.TrimSpace(line) == "" {
 					break
 				}
 			}
-			body := s.Name + "\n"
+			body := s.Name + "\n" + strings.Repeat("x", max(extra, 0))
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\nX-Client: %s\r\n\r\n%s",
 				len(body), c.RemoteAddr(), body)
 		}()
@@ -133,28 +138,62 @@ func (t *Topology) HTTPGet(ctx context.Context, addr string) (string, error) {
 
 // HTTPGetFrom is HTTPGet from a given client port (0: any).
 func (t *Topology) HTTPGetFrom(ctx context.Context, addr string, port int) (string, error) {
+	body, err := httpGetPaused(t.Client, addr, port, "/", 0)
+	return strings.TrimSpace(body), err
+}
+
+// HTTPDownload asks the pod behind addr for size bytes after its name, from
+// namespace ns, and returns the pod's name once all of them arrived. It
+// stops reading for pause after the first 64 KiB, so the transfer goes on
+// after the flow's state was last refreshed (once a second).
+func HTTPDownload(ns *netns.NS, addr string, size int, pause time.Duration) (string, error) {
+	body, err := httpGetPaused(ns, addr, 0, fmt.Sprintf("/bytes/%d", size), pause)
+	if err != nil {
+		return "", err
+	}
+	name, rest, _ := strings.Cut(body, "\n")
+	if len(rest) != size || strings.Trim(rest, "x") != "" {
+		return name, fmt.Errorf("%s sent %d bytes, want %d", name, len(rest), size)
+	}
+	return name, nil
+}
+
+// httpGetPaused sends GET path from namespace ns and returns the response
+// body; it pauses reading after the first 64 KiB if pause is not 0.
+func httpGetPaused(ns *netns.NS, addr string, port int, path string, pause time.Duration) (string, error) {
 	d := net.Dialer{Timeout: 3 * time.Second}
 	if port != 0 {
 		d.LocalAddr = &net.TCPAddr{Port: port}
 	}
-	c, err := t.Client.Dial("tcp4", addr, d)
+	c, err := ns.Dial("tcp4", addr, d)
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", addr); err != nil {
+	c.SetDeadline(time.Now().Add(5*time.Second + pause))
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, addr); err != nil {
 		return "", err
 	}
-	raw, err := io.ReadAll(c)
+	var head []byte
+	if pause > 0 {
+		head = make([]byte, 64<<10)
+		n, err := io.ReadFull(c, head)
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+			return "", fmt.Errorf("after %d bytes: %w", n, err)
+		}
+		head = head[:n]
+		time.Sleep(pause)
+	}
+	rest, err := io.ReadAll(c)
+	raw := append(head, rest...)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("after %d bytes: %w", len(raw), err)
 	}
 	_, body, ok := strings.Cut(string(raw), "\r\n\r\n")
 	if !ok || !strings.HasPrefix(string(raw), "HTTP/1.1 200") {
-		return "", fmt.Errorf("bad HTTP response %q", raw)
+		return "", fmt.Errorf("bad HTTP response %.200q", raw)
 	}
-	return strings.TrimSpace(body), nil
+	return body, nil
 }
 
 // UDPQuery sends one datagram from the client namespace and returns the

@@ -12,10 +12,11 @@
 #define AF_INET 2
 #endif
 
-/* Route the packet as if its destination were daddr (its final one), as if
- * it had arrived on ifindex. */
-static __always_inline int fib_lookup_ipv4(void *ctx, __u32 ifindex, const struct packet *pkt,
-					   __be32 daddr, struct bpf_fib_lookup *fib)
+/* The parameters of a FIB lookup of the packet as if its destination were
+ * daddr (its final one), as if it had arrived on ifindex. tot_len makes the
+ * kernel check the packet's length against the route's MTU. */
+static __always_inline void fib_params_ipv4(__u32 ifindex, const struct packet *pkt, __be32 daddr,
+					    struct bpf_fib_lookup *fib)
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->family = AF_INET;
@@ -27,6 +28,14 @@ static __always_inline int fib_lookup_ipv4(void *ctx, __u32 ifindex, const struc
 	fib->ipv4_src = pkt->saddr;
 	fib->ipv4_dst = daddr;
 	fib->ifindex = ifindex;
+}
+
+/* Route the packet as if its destination were daddr, as if it had arrived
+ * on ifindex. */
+static __always_inline int fib_lookup_ipv4(void *ctx, __u32 ifindex, const struct packet *pkt,
+					   __be32 daddr, struct bpf_fib_lookup *fib)
+{
+	fib_params_ipv4(ifindex, pkt, daddr, fib);
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 }
 

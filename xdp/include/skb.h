@@ -141,7 +141,12 @@ static __always_inline int skb_forward(struct __sk_buff *skb, const struct packe
 		fib.ifindex = cache->ifindex;
 		goto send;
 	}
-	rc = fib_lookup_ipv4(skb, ifindex, pkt, pkt->daddr, &fib);
+	/* Without tot_len the kernel checks the skb itself against the
+	 * egress MTU, a GSO packet (a pod's TCP sends them far larger than
+	 * the MTU) by the size of its segments. */
+	fib_params_ipv4(ifindex, pkt, pkt->daddr, &fib);
+	fib.tot_len = 0;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
