@@ -394,12 +394,13 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.ServicePorts.Set(float64(len(state.Services)))
 	a.metrics.PendingChanges.Set(float64(a.pending.Load()))
 	a.observeProgramming(state, changed)
-	// Healthy once nothing is queued and the first pass over the pod
-	// interfaces is done (a pod's traffic to a service bypasses the
-	// datapath until its interface has the pod program; a pass that could
-	// not list the interfaces counts as done); podsDone triggers a sync.
-	if a.pending.Load() == 0 && a.podsAttached() {
-		a.tracker.Updated()
+	// Everything queued before start is applied. Healthy only once the
+	// first pass over the pod interfaces is done (a pod's traffic to a
+	// service bypasses the datapath until its interface has the pod
+	// program; a pass that could not list the interfaces counts as done);
+	// podsDone triggers a sync.
+	if a.podsAttached() {
+		a.tracker.Updated(start)
 	}
 
 	all := make([]string, 0, len(problems)+len(res.Problems))
@@ -512,26 +513,43 @@ func (a *Agent) observeProgramming(state model.State, changed map[string]bool) {
 }
 
 func (a *Agent) syncHealthCheckNodePorts(state model.State) {
-	byPort := map[uint16]health.ServiceHealth{}
-	for i := range state.Services {
-		s := &state.Services[i]
-		if s.HealthCheckNodePort == 0 {
-			continue
-		}
-		h := byPort[s.HealthCheckNodePort]
-		h.Namespace, h.Name, h.Port = s.Namespace, s.Name, s.HealthCheckNodePort
-		if n := len(s.LocalSet); n > h.LocalEndpoints {
-			h.LocalEndpoints = n
-		}
-		byPort[s.HealthCheckNodePort] = h
-	}
-	want := make([]health.ServiceHealth, 0, len(byPort))
-	for _, h := range byPort {
-		want = append(want, h)
-	}
+	want := healthCheckNodePorts(state)
 	if err := a.hcNodes.Sync(want); err != nil {
 		a.log.Warn("health check node ports", "error", err)
 	}
+}
+
+// healthCheckNodePorts lists what each healthCheckNodePort answers: the
+// number of this node's ready endpoints of its Service, distinct addresses
+// over all its ports, as kube-proxy counts them. Terminating endpoints do
+// not count, so that a load balancer drains a node whose pods are all going
+// away (they still serve its established flows).
+func healthCheckNodePorts(state model.State) []health.ServiceHealth {
+	byPort := map[uint16]health.ServiceHealth{}
+	ready := map[uint16]map[netip.Addr]bool{}
+	for i := range state.Services {
+		s := &state.Services[i]
+		port := s.HealthCheckNodePort
+		if port == 0 {
+			continue
+		}
+		byPort[port] = health.ServiceHealth{Namespace: s.Namespace, Name: s.Name, Port: port}
+		if ready[port] == nil {
+			ready[port] = map[netip.Addr]bool{}
+		}
+		for _, e := range s.Endpoints {
+			if e.Local && e.Ready {
+				ready[port][e.Addr] = true
+			}
+		}
+	}
+	out := make([]health.ServiceHealth, 0, len(byPort))
+	for port, h := range byPort {
+		h.LocalEndpoints = len(ready[port])
+		out = append(out, h)
+	}
+	slices.SortFunc(out, func(a, b health.ServiceHealth) int { return int(a.Port) - int(b.Port) })
+	return out
 }
 
 // filterNodePorts drops NodePort frontends outside the node port range.

@@ -21,7 +21,8 @@ type Tracker struct {
 	timeout     time.Duration
 	nodeName    string
 	lastUpdated time.Time // last successful sync
-	oldestQueue time.Time // first change queued since then; zero if none
+	oldestQueue time.Time // the oldest change not yet applied; zero if none
+	latestQueue time.Time // the latest change queued
 	sourceErr   string
 	sourceSince time.Time
 }
@@ -38,17 +39,28 @@ func NewTracker(timeout time.Duration, nodeName string, now func() time.Time) *T
 func (t *Tracker) Queued() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now := t.now()
 	if t.oldestQueue.IsZero() {
-		t.oldestQueue = t.now()
+		t.oldestQueue = now
 	}
+	t.latestQueue = now
 }
 
-// Updated notes a successful sync: everything queued before it is applied.
-func (t *Tracker) Updated() {
+// Updated notes a successful sync of the state read at readAt: every
+// change queued before then is applied. Changes queued while the sync ran
+// count as waiting since readAt, so a steady stream of changes, each
+// applied by the next sync, keeps the agent healthy as long as syncs keep
+// completing (kube-proxy forgets such changes instead).
+func (t *Tracker) Updated(readAt time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.lastUpdated = t.now()
-	t.oldestQueue = time.Time{}
+	switch {
+	case t.latestQueue.Before(readAt):
+		t.oldestQueue = time.Time{}
+	case t.oldestQueue.Before(readAt):
+		t.oldestQueue = readAt
+	}
 }
 
 // SourceError records the state of the source of truth: a non-empty

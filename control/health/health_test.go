@@ -18,17 +18,18 @@ func (c *clock) now() time.Time { return c.t }
 func TestTrackerFollowsKubeProxyRule(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
 	tr := NewTracker(time.Minute, "node-a", c.now)
+	sync := func() { tr.Updated(c.t) }
 	steps := []struct {
 		name string
 		do   func()
 		want bool
 	}{
 		{"never synced", func() {}, false},
-		{"synced", tr.Updated, true},
+		{"synced", sync, true},
 		{"change queued", tr.Queued, true},
 		{"queued 59s", func() { c.t = c.t.Add(59 * time.Second) }, true},
 		{"queued 61s", func() { c.t = c.t.Add(2 * time.Second) }, false},
-		{"applied", tr.Updated, true},
+		{"applied", sync, true},
 		{"idle an hour", func() { c.t = c.t.Add(time.Hour) }, true},
 	}
 	for _, s := range steps {
@@ -36,6 +37,36 @@ func TestTrackerFollowsKubeProxyRule(t *testing.T) {
 		if got, _ := tr.Healthy(); got != s.want {
 			t.Fatalf("%s: healthy=%v, want %v", s.name, got, s.want)
 		}
+	}
+}
+
+// Under a steady stream of changes, each sync applies what was queued
+// before it read the state while new changes arrive during it: the agent
+// stays healthy while syncs keep completing, and turns unhealthy once a
+// change waits longer than the timeout.
+func TestTrackerStaysHealthyUnderChurn(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	tr := NewTracker(time.Minute, "", c.now)
+	tr.Updated(c.t)
+	for i := 0; i < 300; i++ {
+		tr.Queued()
+		readAt := c.t.Add(time.Second)
+		c.t = readAt.Add(time.Second) // a change arrives while the sync runs
+		tr.Queued()
+		c.t = c.t.Add(time.Second)
+		tr.Updated(readAt)
+		if ok, _ := tr.Healthy(); !ok {
+			t.Fatalf("unhealthy after %d syncs of %v each under churn", i+1, 3*time.Second)
+		}
+	}
+	// The change queued during the last sync is still waiting.
+	c.t = c.t.Add(58 * time.Second)
+	if ok, _ := tr.Healthy(); ok {
+		t.Fatal("healthy although a change has waited over a minute")
+	}
+	tr.Updated(c.t)
+	if ok, _ := tr.Healthy(); !ok {
+		t.Fatal("unhealthy after a sync applied everything")
 	}
 }
 
@@ -60,7 +91,7 @@ func TestHealthzBody(t *testing.T) {
 	if code, _ := get("/healthz"); code != 503 {
 		t.Fatalf("before the first sync: %d, want 503", code)
 	}
-	tr.Updated()
+	tr.Updated(c.t)
 	code, st := get("/livez")
 	if code != 200 || !st.LastUpdated.Equal(c.t) || st.NodeName != "node-a" || st.Stale {
 		t.Fatalf("after sync: %d %+v", code, st)
@@ -74,7 +105,7 @@ func TestHealthzBody(t *testing.T) {
 
 func TestNodePortServers(t *testing.T) {
 	tr := NewTracker(time.Minute, "", nil)
-	tr.Updated()
+	tr.Updated(time.Now())
 	n := NewNodePortServers(tr, "127.0.0.1", nil)
 	defer n.Close()
 	port := freePort(t)
