@@ -578,8 +578,11 @@ func (r *Reconciler) planTables(recs []*portRecord) (fresh, replacing tableWrite
 			if in.err != nil || len(in.members) == 0 {
 				continue
 			}
-			if p := in.prev; p != nil && p.key == in.key && slices.Equal(p.ids, in.ids) && r.tables[in.id] == p.digest {
-				// Written already, and its inputs are the same.
+			if p := in.prev; p != nil && p.digest != 0 && p.key == in.key && slices.Equal(p.ids, in.ids) &&
+				r.tables[in.id] == p.digest {
+				// Written already, and its inputs are the same. (A
+				// record without a digest was never filled: its install
+				// stopped before it.)
 				in.table = &tableRecord{key: p.key, ids: p.ids, digest: p.digest}
 				continue
 			}

@@ -1,0 +1,88 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/control/model"
+	"github.com/xdplb/xdplb/control/reconcile"
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
+	"github.com/xdplb/xdplb/tests/testenv"
+)
+
+// cancelAfterTables is a context that turns cancelled once the outer
+// Maglev map holds n tables: an install that stops between two batches.
+type cancelAfterTables struct {
+	context.Context
+	dp *dataplane.Dataplane
+	n  int
+}
+
+func (c cancelAfterTables) Err() error {
+	if ids, err := c.dp.TableIDs(); err == nil && len(ids) >= c.n {
+		return context.Canceled
+	}
+	return nil
+}
+
+// A cold sync whose table install stops after the first batch must write
+// the missing tables when it is retried: no frontend may be left pointing
+// at a table id the outer map does not hold.
+func TestRetryWritesTablesAnInterruptedInstallLeftOut(t *testing.T) {
+	opts := loadertest.SmallOptions(testenv.BPFFS(t))
+	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax = 8192, 8192, 16384
+	loaded, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loaded.Close() })
+	dp := dataplane.New(&loaded.Maps)
+	r, err := reconcile.New(dp, reconcile.Config{MaglevMaxSize: 251, MaglevSeed: 42,
+		ServicesMax: opts.ServicesMax, BackendsMax: opts.BackendsMax}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ports = 3000 // more than one batch of tables
+	var st model.State
+	for i := 0; i < ports; i++ {
+		e := model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Port: 8080,
+			Ready: true, Serving: true, Weight: 1}
+		st.Services = append(st.Services, model.Service{Namespace: "default", Name: fmt.Sprintf("s%d", i),
+			Protocol: model.TCP, Port: 80,
+			Frontends: []model.Frontend{{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}),
+				Port: 80, Protocol: model.TCP, Kind: model.ClusterIP}},
+			Endpoints: []model.Endpoint{e}, ClusterSet: []model.Endpoint{e}})
+	}
+	res, err := r.Apply(cancelAfterTables{Context: context.Background(), dp: dp, n: 1}, st)
+	if err == nil || res.TablesWritten == 0 || res.TablesWritten >= ports {
+		t.Fatalf("the first install did not stop between batches: %d tables written, %v", res.TablesWritten, err)
+	}
+	if _, err := r.Apply(context.Background(), st); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	ids, err := dp.TableIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[uint32]bool{}
+	for _, id := range ids {
+		held[id] = true
+	}
+	fes, err := dp.Frontends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := 0
+	for _, fe := range fes {
+		if fe.TableID != 0 && !held[fe.TableID] {
+			missing++
+		}
+	}
+	if missing > 0 || len(fes) != ports {
+		t.Fatalf("after the retry %d of %d frontends point at a table the outer map does not hold", missing, len(fes))
+	}
+}
