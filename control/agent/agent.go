@@ -50,6 +50,9 @@ type Agent struct {
 	// and periodically to repair drift).
 	model    *model.Incremental
 	needFull bool
+	// nodeAddrs are the NodePort addresses of the last sync that could
+	// read every interface it needed.
+	nodeAddrs []netip.Addr
 
 	// synced, when set (by tests and benchmarks), is told after every
 	// successful sync which service ports it applied (nil: all).
@@ -598,27 +601,47 @@ func (a *Agent) filterPort(s *model.Service, problems *[]model.Problem) {
 	s.Frontends = kept
 }
 
-// nodeAddresses are the addresses that get NodePort frontends.
+// nodeAddresses are the addresses that get NodePort frontends. When an
+// interface cannot be read, the last complete list stands: a transient
+// netlink failure must not withdraw NodePorts (and rebuild every port).
 func (a *Agent) nodeAddresses(snap source.Snapshot) []netip.Addr {
+	addrs, err := listNodeAddresses(a.cfg, snap)
+	if err != nil && a.nodeAddrs != nil {
+		a.log.Warn("node addresses: keeping the last complete list", "error", err, "addresses", a.nodeAddrs)
+		return a.nodeAddrs
+	}
+	if err == nil {
+		a.nodeAddrs = addrs
+	}
+	return addrs
+}
+
+// listNodeAddresses lists the NodePort addresses cfg asks for; the error
+// says which interfaces could not be read (the others' addresses are
+// listed all the same).
+func listNodeAddresses(cfg Config, snap source.Snapshot) ([]netip.Addr, error) {
 	var out []netip.Addr
+	var err error
 	switch {
-	case a.cfg.NodePortPrimary:
+	case cfg.NodePortPrimary:
 		if snap.Node != nil {
 			for _, na := range snap.Node.Status.Addresses {
 				if na.Type == "InternalIP" {
 					if ip, err := netip.ParseAddr(na.Address); err == nil && ip.Is4() {
-						return []netip.Addr{ip}
+						return []netip.Addr{ip}, nil
 					}
 				}
 			}
 		}
-		if addrs, _ := interfaceAddresses(a.cfg.Interfaces[:1]); len(addrs) > 0 {
-			return addrs[:1]
+		var addrs []netip.Addr
+		if addrs, err = interfaceAddresses(cfg.Interfaces[:1]); len(addrs) > 0 {
+			return addrs[:1], nil
 		}
-	case len(a.cfg.NodePortAddresses) > 0:
-		all, _ := interfaceAddresses(nil)
+	case len(cfg.NodePortAddresses) > 0:
+		var all []netip.Addr
+		all, err = interfaceAddresses(nil)
 		for _, ip := range all {
-			for _, p := range a.cfg.NodePortAddresses {
+			for _, p := range cfg.NodePortAddresses {
 				if p.Contains(ip) {
 					out = append(out, ip)
 					break
@@ -626,10 +649,10 @@ func (a *Agent) nodeAddresses(snap source.Snapshot) []netip.Addr {
 			}
 		}
 	default:
-		out, _ = interfaceAddresses(a.cfg.Interfaces)
+		out, err = interfaceAddresses(cfg.Interfaces)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
-	return slices.Compact(out)
+	return slices.Compact(out), err
 }
 
 // interfaceAddresses lists the IPv4 addresses of the named interfaces (all

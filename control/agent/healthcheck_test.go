@@ -9,6 +9,7 @@ import (
 	"github.com/xdplb/xdplb/control/health"
 	"github.com/xdplb/xdplb/control/model"
 	"github.com/xdplb/xdplb/control/source"
+	"github.com/xdplb/xdplb/tests/testenv"
 )
 
 // slowSnapshots is an in-memory source whose snapshots take a while, as
@@ -83,5 +84,37 @@ func TestHealthCheckNodePortsCountLocalReadyAddresses(t *testing.T) {
 				t.Errorf("got %+v, want %+v", got, want)
 			}
 		})
+	}
+}
+
+// A transient failure to read an interface keeps the NodePort addresses of
+// the last complete read instead of withdrawing NodePorts.
+func TestNodeAddressesSurviveAnUnreadableInterface(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	ns, peer := testenv.NewNetns(t, "addrs"), testenv.NewNetns(t, "peer")
+	testenv.Veth(t, ns, "nic0", peer, "p-nic0")
+	ns.IP("addr", "add", "192.0.2.7/24", "dev", "nic0")
+	want := []netip.Addr{netip.MustParseAddr("192.0.2.7")}
+	a := &Agent{cfg: Config{Interfaces: []string{"nic0"}}, log: discard()}
+	fresh := &Agent{cfg: Config{Interfaces: []string{"nosuch0"}}, log: discard()}
+	var first, kept, none []netip.Addr
+	err := ns.Do(func() error {
+		first = a.nodeAddresses(source.Snapshot{})
+		a.cfg.Interfaces = []string{"nosuch0"}
+		kept = a.nodeAddresses(source.Snapshot{})
+		none = fresh.nodeAddresses(source.Snapshot{})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(first, want) {
+		t.Fatalf("addresses of nic0: %v, want %v", first, want)
+	}
+	if !reflect.DeepEqual(kept, want) {
+		t.Errorf("after a failed read: %v, want the last complete list %v", kept, want)
+	}
+	if len(none) != 0 {
+		t.Errorf("nothing read yet and the interface unreadable: %v, want none", none)
 	}
 }
