@@ -125,6 +125,19 @@ func TestPodRefusedWithoutEndpoints(t *testing.T) {
 	if !bytes.Equal(icmp.Payload, uin.IPv4Header()) {
 		t.Errorf("ICMP quote %x, want %x", icmp.Payload, uin.IPv4Header())
 	}
+	// With IP options, the quote leaves them out and its header says so
+	// (length and checksum), or the receiver would look for the ports
+	// past the end of the quote.
+	withOptions := uin
+	withOptions.IPOptions = []byte{0x01, 0x01, 0x01, 0x00}
+	f.expectCounters(map[string]uint64{"reject_icmp": 1}, func() {
+		verdict, raw = f.runTC(f.dp.PodProgram(), withOptions.Bytes(), f.pod0)
+	})
+	icmp = decode(t, raw)
+	if verdict != tcActRedirect || icmp.ICMPType != 3 || !bytes.Equal(icmp.Payload, uin.IPv4Header()) {
+		t.Errorf("refusal of a datagram with IP options: verdict %d, quote %x, want %x",
+			int32(verdict), icmp.Payload, uin.IPv4Header())
+	}
 }
 
 // A pod's tracked TCP flow whose backend went away gets a RST, counted

@@ -209,12 +209,21 @@ static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
 		len = RST_FRAME_LEN;
 	} else {
 		struct icmphdr *icmp = (void *)(ip + 1);
+		struct iphdr *quoted = (void *)(icmp + 1);
 
 		/* The quote: the original IPv4 header (options dropped) and
 		 * the first 8 bytes of its payload. */
-		if (bpf_skb_load_bytes(skb, sizeof(*eth), icmp + 1, sizeof(struct iphdr)) ||
-		    bpf_skb_load_bytes(skb, pkt->l4_off, (void *)(icmp + 1) + sizeof(struct iphdr), 8))
+		if (bpf_skb_load_bytes(skb, sizeof(*eth), quoted, sizeof(*quoted)) ||
+		    bpf_skb_load_bytes(skb, pkt->l4_off, quoted + 1, 8))
 			goto fail;
+		if (quoted->ihl != 5) {
+			/* The receiver finds the ports after the header length
+			 * the quote gives: make it the header as quoted. */
+			quoted->tot_len = bpf_htons(pkt->tot_len - (quoted->ihl * 4 - sizeof(*quoted)));
+			quoted->ihl = 5;
+			quoted->check = 0;
+			quoted->check = ~csum_fold32(csum_words((__u16 *)quoted, sizeof(*quoted) / 2, 0));
+		}
 		icmp_port_unreachable_init(ip, icmp, pkt);
 		len = ICMP_FRAME_LEN;
 	}
