@@ -528,7 +528,17 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		}
 	}
 	if full {
-		// Names an earlier agent left for ids no port has now.
+		// Ids no port has now: left by an earlier agent, or by a failed
+		// write that removed ports before it could release their ids.
+		held := make(map[uint32]bool, len(r.ports))
+		for _, rec := range r.ports {
+			held[rec.id] = true
+		}
+		for id := range r.usedIDs {
+			if !held[id] {
+				delete(r.usedIDs, id)
+			}
+		}
 		names, err := r.dp.ServiceNames()
 		if err != nil {
 			return err

@@ -86,3 +86,46 @@ func TestRetryWritesTablesAnInterruptedInstallLeftOut(t *testing.T) {
 		t.Fatalf("after the retry %d of %d frontends point at a table the outer map does not hold", missing, len(fes))
 	}
 }
+
+// A port removed in a sync whose write fails (here another port has more
+// frontends than the map holds) must not keep its service id: the full
+// Apply that follows releases it, so ids do not run out over such failures.
+func TestFailedWriteDoesNotLeakServiceIDs(t *testing.T) {
+	dp := newDatapath(t)
+	cfg := config()
+	r, err := reconcile.New(dp, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := web(ep("10.244.1.10", false, true))
+	apply(t, r, base)
+	tooBig := web(ep("10.244.1.11", false, true))
+	tooBig.Name = "too-big"
+	tooBig.Frontends = nil
+	for i := 0; i < 300; i++ { // the test datapath holds 256 frontends
+		tooBig.Frontends = append(tooBig.Frontends, model.Frontend{Addr: netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}),
+			Port: 80, Protocol: model.TCP, Kind: model.ExternalIP})
+	}
+	for i := 0; i < int(cfg.ServicesMax); i++ {
+		temp := web(ep("10.244.1.12", false, true))
+		temp.Name = fmt.Sprintf("temp%d", i)
+		temp.Frontends = []model.Frontend{{Addr: nodeIP, Port: uint16(31000 + i), Protocol: model.TCP, Kind: model.NodePort}}
+		if _, err := r.ApplyChanges(context.Background(), map[string]*model.Service{temp.Key(): &temp}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.ApplyChanges(context.Background(), map[string]*model.Service{temp.Key(): nil, tooBig.Key(): &tooBig})
+		if err == nil {
+			t.Fatal("a port with more frontends than the map holds was written")
+		}
+		if res, err := r.Apply(context.Background(), model.State{Services: []model.Service{base}}); err != nil || len(res.Problems) > 0 {
+			t.Fatalf("round %d: full Apply after the failure: %v %v", i, err, res.Problems)
+		}
+	}
+	names, err := dp.ServiceNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 1 {
+		t.Errorf("one port programmed, %d service ids named: %v", len(names), names)
+	}
+}
