@@ -50,6 +50,8 @@ type Agent struct {
 	// and periodically to repair drift).
 	model    *model.Incremental
 	needFull bool
+	// healthzLn and metricsLn are the server addresses Start took.
+	healthzLn, metricsLn net.Listener
 	// nodeAddrs are the NodePort addresses of the last sync that could
 	// read every interface it needed.
 	nodeAddrs []netip.Addr
@@ -79,16 +81,34 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The server addresses are taken first: one in use (kube-proxy's, say,
+	// on the same ports) ends the start before anything is attached.
+	healthzLn, err := listen("healthz", cfg.HealthzAddress)
+	if err != nil {
+		return nil, err
+	}
+	metricsLn, err := listen("metrics", cfg.MetricsAddress)
+	if err != nil {
+		closeListener(healthzLn)
+		return nil, err
+	}
+	closeListeners := func() {
+		closeListener(healthzLn)
+		closeListener(metricsLn)
+	}
 	if err := reserveSNATPorts(cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+		closeListeners()
 		return nil, err
 	}
 	dp, err := loader.Load(cfg.Datapath, log)
 	if err != nil {
+		closeListeners()
 		return nil, err
 	}
 	fresh, err := attach(dp, cfg, log)
 	if err != nil {
 		dp.Close()
+		closeListeners()
 		return nil, err
 	}
 	// undo detaches what this call attached afresh, for a start that fails
@@ -96,6 +116,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	undo := func(err error) (*Agent, error) {
 		detachFresh(dp, fresh, log)
 		dp.Close()
+		closeListeners()
 		return nil, err
 	}
 	switch {
@@ -111,7 +132,26 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return undo(err)
 	}
+	a.healthzLn, a.metricsLn = healthzLn, metricsLn
 	return a, nil
+}
+
+// listen takes a server's address; nil for an empty address (server off).
+func listen(name, addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s server on %s: %w", name, addr, err)
+	}
+	return ln, nil
+}
+
+func closeListener(ln net.Listener) {
+	if ln != nil {
+		ln.Close()
+	}
 }
 
 // assemble builds the agent around a loaded datapath and a source.
@@ -210,14 +250,23 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 
 	errc := make(chan error, 4)
-	if a.cfg.HealthzAddress != "" {
-		if err := a.serve(ctx, "healthz", a.cfg.HealthzAddress, a.tracker.Handler(), errc); err != nil {
-			return err
+	for _, srv := range []struct {
+		name, addr string
+		ln         net.Listener // taken by Start; nil: listen now
+		handler    http.Handler
+	}{
+		{"healthz", a.cfg.HealthzAddress, a.healthzLn, a.tracker.Handler()},
+		{"metrics", a.cfg.MetricsAddress, a.metricsLn, a.metrics.Handler()},
+	} {
+		ln := srv.ln
+		if ln == nil {
+			var err error
+			if ln, err = listen(srv.name, srv.addr); err != nil {
+				return err
+			}
 		}
-	}
-	if a.cfg.MetricsAddress != "" {
-		if err := a.serve(ctx, "metrics", a.cfg.MetricsAddress, a.metrics.Handler(), errc); err != nil {
-			return err
+		if ln != nil {
+			a.serve(ctx, srv.name, ln, srv.handler, errc)
 		}
 	}
 	go func() {
@@ -749,11 +798,7 @@ func (a *Agent) releaseSNATHints() error {
 }
 
 // serve runs an HTTP server until ctx ends.
-func (a *Agent) serve(ctx context.Context, name, addr string, h http.Handler, errc chan error) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("%s server on %s: %w", name, addr, err)
-	}
+func (a *Agent) serve(ctx context.Context, name string, ln net.Listener, h http.Handler, errc chan error) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -767,5 +812,4 @@ func (a *Agent) serve(ctx context.Context, name, addr string, h http.Handler, er
 		}
 	}()
 	a.log.Info("serving", "endpoint", name, "address", ln.Addr().String())
-	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -96,44 +97,69 @@ func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // A start that fails after the interfaces are attached (here: the cgroup
 // root is no cgroup v2 hierarchy) leaves nothing attached.
+// A start that fails leaves nothing attached: not when a step after the
+// attach fails (a cgroup root that is no cgroup v2 hierarchy), nor when a
+// server address is in use (kube-proxy's, while both run during a
+// cutover), which ends the start before anything is attached.
 func TestFailedStartDetaches(t *testing.T) {
-	ns := testenv.NewNetns(t, "start")
-	ns.IP("link", "add", "edge0", "type", "veth", "peer", "name", "edge1")
-	ns.IP("link", "set", "edge0", "up")
-	ns.IP("link", "set", "edge1", "up")
-	services := filepath.Join(t.TempDir(), "services.yaml")
-	if err := os.WriteFile(services, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	opts := loader.DefaultOptions()
-	opts.PinRoot = testenv.BPFFS(t)
-	cfg := Config{
-		Interfaces:   []string{"edge0"},
-		XDPMode:      loader.XDPNative,
-		Datapath:     opts,
-		ServicesFile: services,
-		CgroupRoot:   t.TempDir(), // a plain directory
-	}
-	err := ns.Do(func() error {
-		a, err := Start(context.Background(), cfg, discard())
-		if err == nil {
-			a.dp.Close()
-			return errors.New("Start succeeded with a cgroup root that is no cgroup v2 hierarchy")
-		}
-		link, lerr := netlink.LinkByName("edge0")
-		if lerr != nil {
-			return lerr
-		}
-		if x := link.Attrs().Xdp; x != nil && x.Attached {
-			return fmt.Errorf("after a failed start (%v), edge0 still runs XDP program %d", err, x.ProgId)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if loader.NICAttached(opts.PinRoot, "edge0") {
-		t.Error("after a failed start, edge0's links are still pinned")
+	for _, c := range []struct {
+		name     string
+		config   func(cfg *Config, busy string)
+		errorHas string
+	}{
+		{"cgroup root is no cgroup v2 hierarchy", func(cfg *Config, _ string) { cfg.CgroupRoot = t.TempDir() }, "cgroup"},
+		{"healthz address in use", func(cfg *Config, busy string) { cfg.HealthzAddress = busy }, "healthz server on"},
+		{"metrics address in use", func(cfg *Config, busy string) { cfg.MetricsAddress = busy }, "metrics server on"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ns := testenv.NewNetns(t, "start")
+			ns.IP("link", "add", "edge0", "type", "veth", "peer", "name", "edge1")
+			ns.IP("link", "set", "edge0", "up")
+			ns.IP("link", "set", "edge1", "up")
+			ns.IP("link", "set", "lo", "up")
+			services := filepath.Join(t.TempDir(), "services.yaml")
+			if err := os.WriteFile(services, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			opts := loader.DefaultOptions()
+			opts.PinRoot = testenv.BPFFS(t)
+			cfg := Config{
+				Interfaces:   []string{"edge0"},
+				XDPMode:      loader.XDPNative,
+				Datapath:     opts,
+				ServicesFile: services,
+			}
+			err := ns.Do(func() error {
+				busy, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					return err
+				}
+				defer busy.Close()
+				c.config(&cfg, busy.Addr().String())
+				a, err := Start(context.Background(), cfg, discard())
+				if err == nil {
+					a.dp.Close()
+					return errors.New("Start succeeded")
+				}
+				if !strings.Contains(err.Error(), c.errorHas) {
+					return fmt.Errorf("Start failed with %q, want the cause (%q)", err, c.errorHas)
+				}
+				link, lerr := netlink.LinkByName("edge0")
+				if lerr != nil {
+					return lerr
+				}
+				if x := link.Attrs().Xdp; x != nil && x.Attached {
+					return fmt.Errorf("after a failed start (%v), edge0 still runs XDP program %d", err, x.ProgId)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if loader.NICAttached(opts.PinRoot, "edge0") {
+				t.Error("after a failed start, edge0's links are still pinned")
+			}
+		})
 	}
 }
 
