@@ -95,8 +95,6 @@ func TestSNATRangeIsReservedFromEphemeralPorts(t *testing.T) {
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// A start that fails after the interfaces are attached (here: the cgroup
-// root is no cgroup v2 hierarchy) leaves nothing attached.
 // A start that fails leaves nothing attached: not when a step after the
 // attach fails (a cgroup root that is no cgroup v2 hierarchy), nor when a
 // server address is in use (kube-proxy's, while both run during a

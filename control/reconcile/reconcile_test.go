@@ -22,10 +22,14 @@ var (
 	lbIP      = netip.MustParseAddr("203.0.113.10")
 )
 
-func newDatapath(t *testing.T) *dataplane.Dataplane {
+// newDatapath loads a small datapath; resize, if given, changes its sizes.
+func newDatapath(t *testing.T, resize ...func(*loader.Options)) *dataplane.Dataplane {
 	t.Helper()
 	opts := loadertest.SmallOptions(testenv.BPFFS(t))
 	opts.ServicesMax = 16 // as config() says
+	for _, r := range resize {
+		r(&opts)
+	}
 	dp, err := loader.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)

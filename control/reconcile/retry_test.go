@@ -10,8 +10,6 @@ import (
 	"github.com/xdplb/xdplb/control/model"
 	"github.com/xdplb/xdplb/control/reconcile"
 	"github.com/xdplb/xdplb/loader"
-	"github.com/xdplb/xdplb/loader/loadertest"
-	"github.com/xdplb/xdplb/tests/testenv"
 )
 
 // cancelAfterTables is a context that turns cancelled once the outer
@@ -33,16 +31,12 @@ func (c cancelAfterTables) Err() error {
 // the missing tables when it is retried: no frontend may be left pointing
 // at a table id the outer map does not hold.
 func TestRetryWritesTablesAnInterruptedInstallLeftOut(t *testing.T) {
-	opts := loadertest.SmallOptions(testenv.BPFFS(t))
-	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax = 8192, 8192, 16384
-	loaded, err := loader.Load(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { loaded.Close() })
-	dp := dataplane.New(&loaded.Maps)
+	const servicesMax, backendsMax = 8192, 16384
+	dp := newDatapath(t, func(o *loader.Options) {
+		o.ServicesMax, o.FrontendsMax, o.BackendsMax = servicesMax, servicesMax, backendsMax
+	})
 	r, err := reconcile.New(dp, reconcile.Config{MaglevMaxSize: 251, MaglevSeed: 42,
-		ServicesMax: opts.ServicesMax, BackendsMax: opts.BackendsMax}, nil)
+		ServicesMax: servicesMax, BackendsMax: backendsMax}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
