@@ -65,26 +65,35 @@ func TestSNATRangeIsReservedFromEphemeralPorts(t *testing.T) {
 		ephemeral    string
 		reserved     string
 		wantReserved string
+		wantError    string
 	}{
-		{"overlap", 40000, 60999, "32768 60999", "", "40000-60999"},
-		{"kept with others", 40000, 60999, "32768 60999", "22", "22,40000-60999"},
-		{"no overlap", 61000, 65535, "32768 60999", "", ""},
+		{"overlap", 40000, 60999, "32768 60999", "", "40000-60999", ""},
+		{"kept with others", 40000, 60999, "32768 60999", "22", "22,40000-60999", ""},
+		{"no overlap", 61000, 65535, "32768 60999", "", "", ""},
+		{"leaves the host too few ports", 1024, 65535, "32768 60999", "", "",
+			"would leave the host 0 of its ephemeral ports"},
+		{"leaves the host just enough", 32768, 59975, "32768 60999", "", "32768-59975", ""},
+		{"one port short", 32768, 59976, "32768 60999", "", "", "would leave the host 1023"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ns.Sysctl("net.ipv4.ip_local_port_range", c.ephemeral)
 			ns.Sysctl("net.ipv4.ip_local_reserved_ports", c.reserved)
 			var got string
-			err := ns.Do(func() error {
-				if err := reserveSNATPorts(c.lo, c.hi, discard()); err != nil {
-					return err
-				}
-				b, err := os.ReadFile(localReservedPort)
+			var err error
+			if derr := ns.Do(func() error {
+				err = reserveSNATPorts(c.lo, c.hi, discard())
+				b, rerr := os.ReadFile(localReservedPort)
 				got = strings.TrimSpace(string(b))
-				return err
-			})
-			if err != nil {
+				return rerr
+			}); derr != nil {
+				t.Fatal(derr)
+			}
+			switch {
+			case c.wantError == "" && err != nil:
 				t.Fatal(err)
+			case c.wantError != "" && (err == nil || !strings.Contains(err.Error(), c.wantError)):
+				t.Fatalf("error %v, want one saying %q", err, c.wantError)
 			}
 			if got != c.wantReserved {
 				t.Errorf("ip_local_reserved_ports %q, want %q", got, c.wantReserved)

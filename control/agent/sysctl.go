@@ -13,10 +13,16 @@ const (
 	localReservedPort = "/proc/sys/net/ipv4/ip_local_reserved_ports"
 )
 
+// minEphemeralPorts is how many ports of ip_local_port_range the SNAT
+// range must leave to the host's own outgoing connections.
+const minEphemeralPorts = 1024
+
 // reserveSNATPorts keeps the host's own sockets out of the SNAT port
 // range: if the range overlaps ip_local_port_range, it is added to
 // ip_local_reserved_ports (keeping what is there), so no ephemeral port
-// the kernel hands out can collide with a translated flow.
+// the kernel hands out can collide with a translated flow. A range that
+// would leave the host fewer than minEphemeralPorts is refused: reserving
+// it would make the host's connect() fail.
 func reserveSNATPorts(lo, hi uint16, log *slog.Logger) error {
 	raw, err := os.ReadFile(localPortRange)
 	if err != nil {
@@ -33,6 +39,12 @@ func reserveSNATPorts(lo, hi uint16, log *slog.Logger) error {
 	}
 	if int(hi) < eLo || int(lo) > eHi {
 		return nil // no overlap
+	}
+	overlap := min(int(hi), eHi) - max(int(lo), eLo) + 1
+	if left := eHi - eLo + 1 - overlap; left < minEphemeralPorts {
+		return fmt.Errorf("SNAT port range %d-%d would leave the host %d of its ephemeral ports "+
+			"(ip_local_port_range %d-%d), fewer than %d: choose a range outside it or a smaller one",
+			lo, hi, left, eLo, eHi, minEphemeralPorts)
 	}
 	cur, err := os.ReadFile(localReservedPort)
 	if err != nil {
