@@ -65,7 +65,7 @@ func agentFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "udp-timeout", Value: d.UDPTimeout, EnvVars: env("udp-timeout"),
 			Usage: "idle timeout of a UDP flow"},
 		&cli.StringFlag{Name: "snat-port-range", Value: fmt.Sprintf("%d-%d", d.SNATPortMin, d.SNATPortMax), EnvVars: env("snat-port-range"),
-			Usage: "source ports for SNAT to remote backends, per backend; reserved from the host's ephemeral ports"},
+			Usage: "source ports for SNAT to remote backends, per backend; reserved from the host's ephemeral ports, of which at least 1024 must stay the host's"},
 		&cli.StringFlag{Name: "nodeport-range", Value: "30000-32767", EnvVars: env("nodeport-range"),
 			Usage: "the cluster's NodePort range (--service-node-port-range)"},
 		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"), DefaultText: "the addresses of --iface",
