@@ -80,7 +80,8 @@ func detachCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "detach",
 		Usage: "detach the datapath from every interface and remove its pins (flows are forgotten)",
-		Flags: []cli.Flag{bpffsFlag()},
+		Flags: []cli.Flag{bpffsFlag(),
+			&cli.BoolFlag{Name: "force", Usage: "detach even while an agent runs on these pins (it would serve nothing and still report healthy)"}},
 		Action: func(c *cli.Context) error {
 			root, err := pinRoot(c)
 			if err != nil {
@@ -88,6 +89,9 @@ func detachCommand() *cli.Command {
 			}
 			if err := noArgs(c); err != nil {
 				return err
+			}
+			if pid := inspect.RunningAgent(root); pid != 0 && !c.Bool("force") {
+				return fmt.Errorf("an agent (pid %d) runs on the pins under %s: stop it first (in a DaemonSet: remove the DaemonSet or the node's pod), or pass --force", pid, root)
 			}
 			links, err := inspect.LinkNames(root)
 			if err != nil {

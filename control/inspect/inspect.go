@@ -147,6 +147,21 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 	return st, nil
 }
 
+// RunningAgent reports the agent that recorded itself in the datapath
+// pinned under pinRoot, if it still runs: its pid, or 0.
+func RunningAgent(pinRoot string) uint32 {
+	dp, err := Open(pinRoot)
+	if err != nil {
+		return 0 // nothing pinned (or unreadable): no agent on these pins
+	}
+	defer dp.Maps().Close()
+	as, err := dp.AgentState()
+	if err != nil || !agentAlive(as.PID) {
+		return 0
+	}
+	return as.PID
+}
+
 // agentAlive reports whether pid is a running xdplb agent. The pid alone
 // is not enough: after the agent stopped, another process may get it.
 func agentAlive(pid uint32) bool {

@@ -425,6 +425,12 @@ func TestCLI(t *testing.T) {
 	}
 
 	t.Run("running", func(t *testing.T) {
+		// detach refuses while the agent runs: it would leave an agent
+		// that serves nothing and still reports healthy.
+		if r := s.xdplb("detach"); r.code != 1 || !strings.Contains(r.stderr, "an agent (pid ") ||
+			!strings.Contains(r.stderr, "--force") {
+			t.Errorf("detach under a running agent: exit %d, stderr %q; want exit 1 naming the agent and --force", r.code, r.stderr)
+		}
 		status := s.ok("status")
 		checkCounters(t, status.stdout)
 		golden(t, "status.txt", n.apply(transcript(status)))
