@@ -44,7 +44,7 @@ func FuzzXDP(f *testing.F) {
 		backends[b.Addr] = true
 	}
 	untouched := []string{"pass_not_ipv4", "pass_not_service", "pass_ip_options", "pass_fragment",
-		"pass_malformed", "pass_internal", "pass_icmp", "pass_frag_needed"}
+		"pass_malformed", "pass_internal", "pass_icmp"}
 
 	f.Fuzz(func(t *testing.T, frame []byte, onNIC1 uint8) {
 		if len(frame) < 14 || len(frame) > 1514 {

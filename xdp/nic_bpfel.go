@@ -300,7 +300,8 @@ const (
 	NicStatSTAT_TC_FRAGMENT           NicStat = 36
 	NicStatSTAT_SOCK_CONNECT          NicStat = 37
 	NicStatSTAT_SOCK_REFUSED          NicStat = 38
-	NicStatSTAT_MAX                   NicStat = 39
+	NicStatSTAT_REJECT_TOO_BIG        NicStat = 39
+	NicStatSTAT_MAX                   NicStat = 40
 )
 
 type NicSvcCounter struct {

@@ -42,15 +42,69 @@ static __always_inline int drop(enum stat reason, __u32 bytes)
 /* No usable backend: refuse the client at once. */
 static __always_inline int refuse(struct xdp_md *ctx, struct packet *pkt)
 {
+	__u32 bytes = pkt->len;
+	int verdict;
+
 	if (pkt->proto == IPPROTO_TCP) {
-		count(STAT_REJECT_TCP, pkt->len);
 		/* Never answer a RST with a RST. */
 		if (pkt->tcp_flags & TCP_FLAG_RST)
-			return XDP_DROP;
-		return xdp_reply_tcp_rst(ctx, pkt);
+			return drop(STAT_REJECT_TCP, bytes);
+		verdict = xdp_reply_tcp_rst(ctx, pkt);
+		if (verdict == XDP_TX)
+			count(STAT_REJECT_TCP, bytes);
+		return verdict;
 	}
-	count(STAT_REJECT_ICMP, pkt->len);
-	return xdp_reply_icmp_port_unreachable(ctx, pkt);
+	verdict = xdp_reply_icmp_unreachable(ctx, pkt, ICMP_PORT_UNREACH, 0);
+	if (verdict == XDP_TX)
+		count(STAT_REJECT_ICMP, bytes);
+	return verdict;
+}
+
+/* A tracked TCP flow lost its backend mid-connection: tell the client. */
+static __always_inline int reset_backend_gone(struct xdp_md *ctx, struct packet *pkt)
+{
+	__u32 bytes = pkt->len;
+	int verdict;
+
+	if (pkt->tcp_flags & TCP_FLAG_RST)
+		return drop(STAT_RST_BACKEND_GONE, bytes);
+	verdict = xdp_reply_tcp_rst(ctx, pkt);
+	if (verdict == XDP_TX)
+		count(STAT_RST_BACKEND_GONE, bytes);
+	return verdict;
+}
+
+/*
+ * Translate a packet of a tracked flow and send it to its next hop: the
+ * one cached in *hop, or a fresh route lookup, whose result is cached
+ * there. A packet too big for its way on is answered untranslated (DF
+ * set) or left to the stack to fragment.
+ */
+static __always_inline int translate_and_send(struct xdp_md *ctx, struct packet *pkt,
+					      struct next_hop *hop, __be32 saddr, __be16 sport,
+					      __be32 daddr, __be16 dport)
+{
+	struct bpf_fib_lookup fib;
+	__u32 mtu;
+	int fib_rc;
+
+	if (hop->ifindex) {
+		mtu = hop_mtu_exceeded(ctx, pkt, hop);
+		if (mtu && dont_fragment(pkt))
+			return xdp_reply_too_big(ctx, pkt, mtu);
+		if (rewrite_tuple(pkt, saddr, sport, daddr, dport))
+			return drop(STAT_DROP_ADJUST, pkt->len);
+		if (mtu)
+			return pass_to_fragment(pkt);
+		return xdp_send(ctx, pkt, hop);
+	}
+	fib_rc = fib_lookup_translated(ctx, ctx->ingress_ifindex, pkt, saddr, sport, daddr, dport,
+				       &fib);
+	if (fib_rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && dont_fragment(pkt))
+		return xdp_reply_too_big(ctx, pkt, fib.mtu_result);
+	if (rewrite_tuple(pkt, saddr, sport, daddr, dport))
+		return drop(STAT_DROP_ADJUST, pkt->len);
+	return xdp_forward(ctx, pkt, &fib, fib_rc, hop);
 }
 
 /* Traffic from a client to a port some frontend uses. */
@@ -62,7 +116,6 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 	struct ct_entry *ct = NULL;
 	__be32 saddr;
 	__be16 sport;
-	int fib_rc;
 
 	if (!res)
 		return pass(STAT_PASS_NOT_SERVICE, pkt->len);
@@ -74,35 +127,25 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 	case FLOW_REFUSE:
 		return refuse(ctx, pkt);
 	case FLOW_RST_GONE:
-		count(STAT_RST_BACKEND_GONE, pkt->len);
-		if (pkt->tcp_flags & TCP_FLAG_RST)
-			return XDP_DROP;
-		return xdp_reply_tcp_rst(ctx, pkt);
+		return reset_backend_gone(ctx, pkt);
 	case FLOW_NEW:
+		/* ct is the new entry, with the next hop flow_start found. */
 		if (!ct)
 			return drop(STAT_DROP_CT_FULL, pkt->len);
-		flow_source(ct, pkt, &saddr, &sport);
-		if (rewrite_tuple(pkt, saddr, sport, ct->backend_addr, ct->backend_port))
-			return drop(STAT_DROP_ADJUST, pkt->len);
-		return xdp_forward(ctx, pkt, &res->fib, res->fib_rc, NULL);
+		break;
 	case FLOW_TRACKED:
+		/* The established fast path: one conntrack lookup, a backend
+		 * check, the rewrite and a cached next hop. */
+		if (!ct)
+			return drop(STAT_DROP_CT_FULL, pkt->len);
+		if (flow_touch(&res->key, ct, pkt, cfg, now))
+			return drop(STAT_DROP_CT_FULL, pkt->len);
+		count_service(ct->svc_id, pkt->len, 0);
 		break;
 	}
-
-	/* The established fast path: one conntrack lookup, a backend check,
-	 * the rewrite and a cached next hop. */
-	if (!ct)
-		return drop(STAT_DROP_CT_FULL, pkt->len);
-	if (flow_touch(&res->key, ct, pkt, cfg, now))
-		return drop(STAT_DROP_CT_FULL, pkt->len);
-	count_service(ct->svc_id, pkt->len, 0);
 	flow_source(ct, pkt, &saddr, &sport);
-	if (rewrite_tuple(pkt, saddr, sport, ct->backend_addr, ct->backend_port))
-		return drop(STAT_DROP_ADJUST, pkt->len);
-	if (ct->hop.ifindex)
-		return xdp_send(ctx, pkt, &ct->hop);
-	fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, pkt->daddr, &res->fib);
-	return xdp_forward(ctx, pkt, &res->fib, fib_rc, &ct->hop);
+	return translate_and_send(ctx, pkt, &ct->hop, saddr, sport, ct->backend_addr,
+				  ct->backend_port);
 }
 
 /* A reply from a remote backend to a SNAT port of this node. */
@@ -110,20 +153,13 @@ static __always_inline int serve_reply(struct xdp_md *ctx, struct packet *pkt,
 				       const struct nat_key *key, struct nat_entry *rev)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
-	struct bpf_fib_lookup fib;
-	int fib_rc;
 
 	if (reverse_touch(key, rev, pkt, now))
 		return drop(STAT_DROP_STALE_NAT, pkt->len);
 	count(STAT_REVERSE_NAT, 0);
 	count_service(rev->svc_id, pkt->len, 0);
-	if (rewrite_tuple(pkt, rev->frontend_addr, rev->frontend_port, rev->client_addr,
-			  rev->client_port))
-		return drop(STAT_DROP_ADJUST, pkt->len);
-	if (rev->hop.ifindex)
-		return xdp_send(ctx, pkt, &rev->hop);
-	fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, pkt->daddr, &fib);
-	return xdp_forward(ctx, pkt, &fib, fib_rc, &rev->hop);
+	return translate_and_send(ctx, pkt, &rev->hop, rev->frontend_addr, rev->frontend_port,
+				  rev->client_addr, rev->client_port);
 }
 
 static __always_inline int serve_icmp(struct xdp_md *ctx, struct packet *pkt)

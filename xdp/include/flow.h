@@ -190,7 +190,12 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	if (pkt->proto == IPPROTO_TCP)
 		fresh->tcp_state = ct_tcp_next_state(0, pkt->tcp_flags);
 
-	res->fib_rc = fib_lookup_ipv4(ctx, ifindex, pkt, fresh->backend_addr, &res->fib);
+	/* Routed without an MTU check, which the hooks make themselves
+	 * (XDP against the egress device, hop_mtu_exceeded; TC through the
+	 * kernel, which measures a GSO packet by its segments). */
+	fib_params_ipv4(ifindex, pkt, fresh->backend_addr, &res->fib);
+	res->fib.tot_len = 0;
+	res->fib_rc = bpf_fib_lookup(ctx, &res->fib, sizeof(res->fib), 0);
 	if (res->fib_rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		fresh->hop.ifindex = res->fib.ifindex;
 		__builtin_memcpy(fresh->hop.dmac, res->fib.dmac, ETH_ALEN);

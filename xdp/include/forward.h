@@ -16,6 +16,7 @@
 #include "csum.h"
 #include "counters.h"
 #include "route.h"
+#include "reject.h"
 
 /* Metadata XDP leaves in front of a packet it hands to TC. */
 struct xdp_handoff {
@@ -60,6 +61,48 @@ static __always_inline void next_hop_from_fib(struct next_hop *hop, const struct
 	hop->ifindex = fib->ifindex;
 	__builtin_memcpy(hop->dmac, fib->dmac, ETH_ALEN);
 	__builtin_memcpy(hop->smac, fib->smac, ETH_ALEN);
+}
+
+/*
+ * The MTU of the cached next hop's device when the packet, as it is (a
+ * translation does not change its size), is too big for it; 0 when it
+ * fits. XDP_TX leaves by the device the packet came in on, which it fitted.
+ */
+static __always_inline __u32 hop_mtu_exceeded(struct xdp_md *ctx, const struct packet *pkt,
+					      const struct next_hop *hop)
+{
+	__u32 mtu = 0;
+
+	if (pkt->tot_len <= MTU_CHECK_MIN || hop->ifindex == ctx->ingress_ifindex)
+		return 0;
+	if (bpf_check_mtu(ctx, hop->ifindex, &mtu, 0, 0) != BPF_MTU_CHK_RET_FRAG_NEEDED)
+		return 0;
+	return mtu;
+}
+
+/*
+ * Tell the sender of a packet too big for its way on (DF set) the MTU it
+ * must fit, with an ICMP fragmentation needed built from the packet as it
+ * arrived: the sender's own addresses and ports are quoted, so path MTU
+ * discovery works through the translation.
+ */
+static __always_inline int xdp_reply_too_big(struct xdp_md *ctx, struct packet *pkt, __u32 mtu)
+{
+	__u32 bytes = pkt->len;
+	int verdict;
+
+	verdict = xdp_reply_icmp_unreachable(ctx, pkt, ICMP_FRAG_NEEDED, (__u16)mtu);
+	if (verdict == XDP_TX)
+		count(STAT_REJECT_TOO_BIG, bytes);
+	return verdict;
+}
+
+/* A translated packet too big for its egress device, DF clear: the stack
+ * fragments it on its way. */
+static __always_inline int pass_to_fragment(const struct packet *pkt)
+{
+	count(STAT_PASS_FRAG_NEEDED, pkt->len);
+	return XDP_PASS;
 }
 
 /* Send a translated packet to a known next hop. */
@@ -117,8 +160,9 @@ static __always_inline int xdp_forward(struct xdp_md *ctx, struct packet *pkt,
 		ip_decrease_ttl(pkt->ip);
 		return handoff_to_tc(ctx, fib->ifindex, STAT_PASS_NO_NEIGH, bytes);
 	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
-		count(STAT_PASS_FRAG_NEEDED, bytes);
-		return XDP_PASS;
+		/* The callers answer a flow's DF-set packets before
+		 * translating them; the rest is the stack's to fragment. */
+		return pass_to_fragment(pkt);
 	case BPF_FIB_LKUP_RET_FWD_DISABLED:
 		count(STAT_DROP_FWD_DISABLED, bytes);
 		return XDP_DROP;

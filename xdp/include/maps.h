@@ -252,7 +252,7 @@ enum stat {
 	STAT_PASS_ICMP,           /* ICMP not about a tracked flow: untouched */
 	STAT_PASS_NO_NEIGH,       /* translated, next hop unresolved: stack/TC finishes */
 	STAT_PASS_TO_STACK,       /* translated, egress is not an XDP target: stack forwards */
-	STAT_PASS_FRAG_NEEDED,    /* translated, too big for egress MTU: stack answers */
+	STAT_PASS_FRAG_NEEDED,    /* translated, too big for egress MTU, DF clear: stack fragments */
 	STAT_TX,                  /* XDP_TX */
 	STAT_REDIRECT,            /* XDP_REDIRECT */
 	STAT_NEW_FLOW,            /* conntrack entry created */
@@ -282,6 +282,7 @@ enum stat {
 	STAT_TC_FRAGMENT,         /* TC translated a later fragment like its first */
 	STAT_SOCK_CONNECT,        /* a host socket's connect/sendmsg went to a backend */
 	STAT_SOCK_REFUSED,        /* a host socket's connect/sendmsg was refused */
+	STAT_REJECT_TOO_BIG,      /* too big for the egress MTU, DF set: ICMP fragmentation needed sent */
 	STAT_MAX,
 };
 

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * reject.h - refusing a client: a TCP RST, or an ICMP port unreachable for
- * UDP. The headers are built the same way for both hooks; XDP builds them
- * in place in the client's packet and sends it back out of the device it
- * came in on (XDP_TX); TC does the same through skb helpers (skb_refuse). The reply comes from the
- * address the client connected to, as kube-proxy's REJECT rule does.
+ * reject.h - answering a packet instead of forwarding it: a TCP RST or an
+ * ICMP port unreachable for a client no backend can serve, and an ICMP
+ * fragmentation needed for a packet too big for its way on. The headers are
+ * built the same way for both hooks; XDP builds them in place in the
+ * packet and sends it back out of the device it came in on (XDP_TX); TC
+ * does the same through skb helpers (skb_refuse). The answer comes from the
+ * address the packet was sent to, as kube-proxy's REJECT rule does.
  */
 #ifndef XDPLB_REJECT_H
 #define XDPLB_REJECT_H
@@ -84,18 +86,21 @@ static __always_inline void tcp_rst_init(struct iphdr *ip, struct tcphdr *tcp,
 }
 
 /*
- * The IPv4 and ICMP headers of a port unreachable about pkt; the quote
- * (ICMP_QUOTE_LEN bytes) must follow icmp already, as the checksum covers it.
+ * The IPv4 and ICMP headers of a destination unreachable about pkt, with
+ * its code and, for ICMP_FRAG_NEEDED, the next hop's MTU (RFC 1191); the
+ * quote (ICMP_QUOTE_LEN bytes) must follow icmp already, as the checksum
+ * covers it.
  */
-static __always_inline void icmp_port_unreachable_init(struct iphdr *ip, struct icmphdr *icmp,
-						       const struct packet *pkt)
+static __always_inline void icmp_unreachable_init(struct iphdr *ip, struct icmphdr *icmp,
+						  const struct packet *pkt, __u8 code, __u16 mtu)
 {
 	ipv4_header_init(ip, pkt->daddr, pkt->saddr, IPPROTO_ICMP,
 			 ICMP_PREPEND_LEN + ICMP_QUOTE_LEN);
 	icmp->type = ICMP_DEST_UNREACH;
-	icmp->code = ICMP_PORT_UNREACH;
+	icmp->code = code;
 	icmp->checksum = 0;
 	icmp->un.gateway = 0;
+	icmp->un.frag.mtu = bpf_htons(mtu);
 	icmp->checksum = ~csum_fold32(
 		csum_words((__u16 *)icmp, (sizeof(*icmp) + ICMP_QUOTE_LEN) / 2, 0));
 }
@@ -120,8 +125,12 @@ static __always_inline int xdp_reply_tcp_rst(struct xdp_md *ctx, struct packet *
 	return XDP_TX;
 }
 
-/* Answer a UDP datagram with ICMP destination/port unreachable. */
-static __always_inline int xdp_reply_icmp_port_unreachable(struct xdp_md *ctx, struct packet *pkt)
+/*
+ * Answer a packet with an ICMP destination unreachable (code, and mtu for
+ * ICMP_FRAG_NEEDED) that quotes its IPv4 header and first 8 bytes, in place.
+ */
+static __always_inline int xdp_reply_icmp_unreachable(struct xdp_md *ctx, struct packet *pkt,
+						      __u8 code, __u16 mtu)
 {
 	__u32 old_len = pkt->len;
 	struct ethhdr *eth, *old_eth;
@@ -143,7 +152,7 @@ static __always_inline int xdp_reply_icmp_port_unreachable(struct xdp_md *ctx, s
 	__builtin_memcpy(eth->h_source, old_eth->h_dest, ETH_ALEN);
 	eth->h_proto = bpf_htons(ETH_P_IP);
 	ip = (void *)(eth + 1);
-	icmp_port_unreachable_init(ip, (void *)(ip + 1), pkt);
+	icmp_unreachable_init(ip, (void *)(ip + 1), pkt, code, mtu);
 
 	if (bpf_xdp_adjust_tail(ctx, (int)ICMP_FRAME_LEN - (int)(old_len + ICMP_PREPEND_LEN)))
 		goto fail;

@@ -8,6 +8,10 @@
 
 #include "parse.h"
 
+/* Packets up to this size are not checked against the egress device's MTU
+ * on the cached-hop paths: no link a node forwards IPv4 over is smaller. */
+#define MTU_CHECK_MIN 1280
+
 #ifndef AF_INET
 #define AF_INET 2
 #endif
@@ -37,6 +41,26 @@ static __always_inline int fib_lookup_ipv4(void *ctx, __u32 ifindex, const struc
 {
 	fib_params_ipv4(ifindex, pkt, daddr, fib);
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+/* Route a packet as it will leave once translated: from saddr:sport to
+ * daddr:dport, as if it had arrived on ifindex. */
+static __always_inline int fib_lookup_translated(void *ctx, __u32 ifindex, const struct packet *pkt,
+						 __be32 saddr, __be16 sport, __be32 daddr,
+						 __be16 dport, struct bpf_fib_lookup *fib)
+{
+	fib_params_ipv4(ifindex, pkt, daddr, fib);
+	fib->ipv4_src = saddr;
+	fib->sport = sport;
+	fib->dport = dport;
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+/* May a packet too big for its way on be fragmented, or must its sender
+ * be told (DF set: TCP always sets it)? */
+static __always_inline int dont_fragment(const struct packet *pkt)
+{
+	return pkt->frag_off & IP_DF;
 }
 
 static __always_inline __be32 iface_addr(__u32 ifindex)

@@ -3,8 +3,9 @@
  * skb.h - packet handling in the TC programs: parsing with direct access,
  * rewrites through the checksum helpers (which keep partial and complete
  * checksums of the skb right), forwarding with neighbour resolution, and
- * refusing a client with a RST or ICMP port unreachable sent back out of
- * the interface the packet came in on.
+ * answering a packet (a RST or ICMP port unreachable for a client no
+ * backend serves, ICMP fragmentation needed for one too big) out of the
+ * interface it came in on.
  */
 #ifndef XDPLB_SKB_H
 #define XDPLB_SKB_H
@@ -125,36 +126,57 @@ static __always_inline int skb_decrease_ttl(struct __sk_buff *skb)
 }
 
 /*
- * Send a translated packet on: route its destination as if it arrived on
- * ifindex, and redirect it to the egress device, where the kernel fills in
- * the next hop's MAC (resolving it if needed). Routed, so the TTL drops.
+ * Route a packet as it will leave once translated (from saddr:sport to
+ * daddr:dport), as if it arrived on ifindex, and check that it fits the
+ * egress device: the flow's cached next hop (cache, may be NULL), or a FIB
+ * lookup. Returns a BPF_FIB_LKUP_RET_* code; fib->ifindex is the egress
+ * device, and on BPF_FIB_LKUP_RET_FRAG_NEEDED fib->mtu_result its MTU. A
+ * GSO packet is measured by its segments.
  */
-static __always_inline int skb_forward(struct __sk_buff *skb, const struct packet *pkt,
-				       __u32 ifindex, struct next_hop *cache)
+static __always_inline int skb_route(struct __sk_buff *skb, const struct packet *pkt, __u32 ifindex,
+				     __be32 saddr, __be16 sport, __be32 daddr, __be16 dport,
+				     const struct next_hop *cache, struct bpf_fib_lookup *fib)
 {
-	struct bpf_fib_lookup fib;
-	int rc;
+	__u32 mtu = 0;
 
-	/* A flow's egress device, cached once a second like XDP's next hop;
-	 * the kernel resolves the neighbour itself. */
+	/* A flow's egress device, cached once a second like XDP's next
+	 * hop; the kernel resolves the neighbour itself. */
 	if (cache && cache->ifindex) {
-		fib.ifindex = cache->ifindex;
-		goto send;
+		fib->ifindex = cache->ifindex;
+		if (skb->len <= MTU_CHECK_MIN)
+			return BPF_FIB_LKUP_RET_SUCCESS;
+		if (bpf_check_mtu(skb, cache->ifindex, &mtu, 0, BPF_MTU_CHK_SEGS) ==
+		    BPF_MTU_CHK_RET_SUCCESS)
+			return BPF_FIB_LKUP_RET_SUCCESS;
+		fib->mtu_result = mtu;
+		return BPF_FIB_LKUP_RET_FRAG_NEEDED;
 	}
 	/* Without tot_len the kernel checks the skb itself against the
 	 * egress MTU, a GSO packet (a pod's TCP sends them far larger than
 	 * the MTU) by the size of its segments. */
-	fib_params_ipv4(ifindex, pkt, pkt->daddr, &fib);
-	fib.tot_len = 0;
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	fib_params_ipv4(ifindex, pkt, daddr, fib);
+	fib->ipv4_src = saddr;
+	fib->sport = sport;
+	fib->dport = dport;
+	fib->tot_len = 0;
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
 
+/*
+ * Send a translated packet on to the egress device skb_route found,
+ * where the kernel fills in the next hop's MAC (resolving it if needed).
+ * Routed, so the TTL drops. A complete next hop is cached in cache.
+ */
+static __always_inline int skb_send(struct __sk_buff *skb, const struct bpf_fib_lookup *fib, int rc,
+				    struct next_hop *cache)
+{
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
 		break;
 	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
-		/* The stack sends "fragmentation needed" (translated back to
-		 * the client on the way out by the reverse path). */
+		/* DF clear (the callers answer the others before
+		 * translating): the stack fragments it. */
 		count(STAT_PASS_FRAG_NEEDED, skb->len);
 		return TC_ACT_OK;
 	case BPF_FIB_LKUP_RET_FWD_DISABLED:
@@ -165,73 +187,139 @@ static __always_inline int skb_forward(struct __sk_buff *skb, const struct packe
 		return TC_ACT_SHOT;
 	}
 	/* Cache only a complete next hop: XDP may follow the same entry. */
-	if (cache && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		cache->ifindex = fib.ifindex;
-		__builtin_memcpy(cache->dmac, fib.dmac, ETH_ALEN);
-		__builtin_memcpy(cache->smac, fib.smac, ETH_ALEN);
+	if (cache && !cache->ifindex && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		cache->ifindex = fib->ifindex;
+		__builtin_memcpy(cache->dmac, fib->dmac, ETH_ALEN);
+		__builtin_memcpy(cache->smac, fib->smac, ETH_ALEN);
 	}
-send:
 	if (skb_decrease_ttl(skb)) {
 		count(STAT_DROP_TTL, skb->len);
 		return TC_ACT_SHOT;
 	}
 	count(STAT_TC_REDIRECT, skb->len);
-	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
+}
+
+/* Route and send a packet that is already translated (a later fragment). */
+static __always_inline int skb_forward(struct __sk_buff *skb, const struct packet *pkt,
+				       __u32 ifindex)
+{
+	struct bpf_fib_lookup fib;
+	int rc;
+
+	rc = skb_route(skb, pkt, ifindex, pkt->saddr, pkt->sport, pkt->daddr, pkt->dport, NULL,
+		       &fib);
+	return skb_send(skb, &fib, rc, NULL);
 }
 
 /*
- * Refuse a client from TC: turn its packet into a TCP RST or an ICMP port
- * unreachable (headers from reject.h) and send it back out of the interface
- * it came in on. The caller counts why.
+ * The quote of an ICMP error about the packet: its IPv4 header (options
+ * dropped) and the first 8 bytes of its payload. 0 on success.
  */
-static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt)
+static __always_inline int skb_load_quote(struct __sk_buff *skb, const struct packet *pkt,
+					  struct iphdr *quoted)
+{
+	if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr), quoted, sizeof(*quoted)) ||
+	    bpf_skb_load_bytes(skb, pkt->l4_off, quoted + 1, 8))
+		return -1;
+	if (quoted->ihl != 5) {
+		/* The receiver finds the ports after the header length the
+		 * quote gives: make it the header as quoted. */
+		quoted->tot_len = bpf_htons(pkt->tot_len - (quoted->ihl * 4 - sizeof(*quoted)));
+		quoted->ihl = 5;
+		quoted->check = 0;
+		quoted->check = ~csum_fold32(csum_words((__u16 *)quoted, sizeof(*quoted) / 2, 0));
+	}
+	return 0;
+}
+
+/*
+ * Answer a packet from TC with an ICMP destination unreachable (code, and
+ * mtu for ICMP_FRAG_NEEDED; headers from reject.h), sent back out of the
+ * interface it came in on. The caller counts why.
+ */
+static __always_inline int skb_reply_icmp_unreachable(struct __sk_buff *skb,
+						      const struct packet *pkt, __u8 code,
+						      __u16 mtu)
 {
 	/* Two bytes of padding put the IPv4 header on a 4-byte boundary:
 	 * the verifier rejects misaligned stack access. */
 	__u8 buf[2 + ICMP_FRAME_LEN] __attribute__((aligned(8)));
 	struct ethhdr *eth = (void *)(buf + 2);
 	struct iphdr *ip = (void *)(eth + 1);
-	__u32 len;
+	struct icmphdr *icmp = (void *)(ip + 1);
 
 	__builtin_memset(buf, 0, sizeof(buf));
-	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)))
+	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)) ||
+	    skb_load_quote(skb, pkt, (void *)(icmp + 1)))
 		goto fail;
 	swap_macs(eth);
-	if (pkt->proto == IPPROTO_TCP) {
-		struct tcphdr in;
-
-		if (pkt->tcp_flags & TCP_FLAG_RST)
-			return TC_ACT_SHOT;
-		if (bpf_skb_load_bytes(skb, pkt->l4_off, &in, sizeof(in)))
-			goto fail;
-		tcp_rst_init(ip, (void *)(ip + 1), pkt, in.seq, in.ack_seq,
-			     pkt->tot_len - (pkt->l4_off - sizeof(*eth)) - in.doff * 4);
-		len = RST_FRAME_LEN;
-	} else {
-		struct icmphdr *icmp = (void *)(ip + 1);
-		struct iphdr *quoted = (void *)(icmp + 1);
-
-		/* The quote: the original IPv4 header (options dropped) and
-		 * the first 8 bytes of its payload. */
-		if (bpf_skb_load_bytes(skb, sizeof(*eth), quoted, sizeof(*quoted)) ||
-		    bpf_skb_load_bytes(skb, pkt->l4_off, quoted + 1, 8))
-			goto fail;
-		if (quoted->ihl != 5) {
-			/* The receiver finds the ports after the header length
-			 * the quote gives: make it the header as quoted. */
-			quoted->tot_len = bpf_htons(pkt->tot_len - (quoted->ihl * 4 - sizeof(*quoted)));
-			quoted->ihl = 5;
-			quoted->check = 0;
-			quoted->check = ~csum_fold32(csum_words((__u16 *)quoted, sizeof(*quoted) / 2, 0));
-		}
-		icmp_port_unreachable_init(ip, icmp, pkt);
-		len = ICMP_FRAME_LEN;
-	}
-	if (bpf_skb_change_tail(skb, len, 0) || bpf_skb_store_bytes(skb, 0, eth, len, 0))
+	icmp_unreachable_init(ip, icmp, pkt, code, mtu);
+	if (bpf_skb_change_tail(skb, ICMP_FRAME_LEN, 0) ||
+	    bpf_skb_store_bytes(skb, 0, eth, ICMP_FRAME_LEN, 0))
 		goto fail;
 	return bpf_redirect(skb->ifindex, 0);
 fail:
 	count(STAT_DROP_ADJUST, skb->len);
+	return TC_ACT_SHOT;
+}
+
+/* Tell the sender of a packet too big for its way on (DF set) the MTU it
+ * must fit, quoting the packet as it arrived (see xdp_reply_too_big). */
+static __always_inline int skb_reply_too_big(struct __sk_buff *skb, const struct packet *pkt,
+					     __u32 mtu)
+{
+	__u32 bytes = skb->len;
+	int verdict;
+
+	verdict = skb_reply_icmp_unreachable(skb, pkt, ICMP_FRAG_NEEDED, (__u16)mtu);
+	if (verdict != TC_ACT_SHOT)
+		count(STAT_REJECT_TOO_BIG, bytes);
+	return verdict;
+}
+
+/*
+ * Refuse a client from TC: turn its packet into a TCP RST or an ICMP port
+ * unreachable (headers from reject.h) and send it back out of the interface
+ * it came in on, counted as reason (a failed rewrite as drop_adjust).
+ */
+static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt,
+				      enum stat reason)
+{
+	/* Two bytes of padding put the IPv4 header on a 4-byte boundary:
+	 * the verifier rejects misaligned stack access. */
+	__u8 buf[2 + RST_FRAME_LEN] __attribute__((aligned(8)));
+	struct ethhdr *eth = (void *)(buf + 2);
+	struct iphdr *ip = (void *)(eth + 1);
+	__u32 bytes = skb->len;
+	struct tcphdr in;
+	int verdict;
+
+	if (pkt->proto != IPPROTO_TCP) {
+		verdict = skb_reply_icmp_unreachable(skb, pkt, ICMP_PORT_UNREACH, 0);
+		if (verdict != TC_ACT_SHOT)
+			count(reason, bytes);
+		return verdict;
+	}
+	/* Never answer a RST with a RST. */
+	if (pkt->tcp_flags & TCP_FLAG_RST) {
+		count(reason, bytes);
+		return TC_ACT_SHOT;
+	}
+	__builtin_memset(buf, 0, sizeof(buf));
+	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)) ||
+	    bpf_skb_load_bytes(skb, pkt->l4_off, &in, sizeof(in)))
+		goto fail;
+	swap_macs(eth);
+	tcp_rst_init(ip, (void *)(ip + 1), pkt, in.seq, in.ack_seq,
+		     pkt->tot_len - (pkt->l4_off - sizeof(*eth)) - in.doff * 4);
+	if (bpf_skb_change_tail(skb, RST_FRAME_LEN, 0) ||
+	    bpf_skb_store_bytes(skb, 0, eth, RST_FRAME_LEN, 0))
+		goto fail;
+	count(reason, bytes);
+	return bpf_redirect(skb->ifindex, 0);
+fail:
+	count(STAT_DROP_ADJUST, bytes);
 	return TC_ACT_SHOT;
 }
 

@@ -15,6 +15,32 @@
 #include "skb.h"
 #include "frag.h"
 
+/*
+ * Translate a packet of a flow of service svc_id and send it on, to the
+ * next hop cached in *hop or a fresh route (cached there). A packet too
+ * big for its way on is answered untranslated (DF set) or left to the
+ * stack to fragment.
+ */
+static __always_inline int tc_translate_and_send(struct __sk_buff *skb, struct packet *pkt,
+						 struct flow_result *res, __u32 svc_id,
+						 struct next_hop *hop, __be32 saddr, __be16 sport,
+						 __be32 daddr, __be16 dport)
+{
+	struct packet orig = *pkt;
+	int rc;
+
+	/* The FIB parameters live in the scratch map: the stack is full. */
+	rc = skb_route(skb, pkt, skb->ifindex, saddr, sport, daddr, dport, hop, &res->fib);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && dont_fragment(pkt))
+		return skb_reply_too_big(skb, pkt, res->fib.mtu_result);
+	if (skb_rewrite_tuple(skb, pkt, saddr, sport, daddr, dport)) {
+		count(STAT_DROP_ADJUST, skb->len);
+		return TC_ACT_SHOT;
+	}
+	frag_remember(&orig, pkt, svc_id);
+	return skb_send(skb, &res->fib, rc, hop);
+}
+
 /* A packet to a port some frontend uses. */
 static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, enum origin origin,
 				    const struct datapath_config *cfg)
@@ -22,7 +48,6 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 	__u64 now = bpf_ktime_get_coarse_ns();
 	struct flow_result *res = flow_result_get();
 	struct ct_entry *ct = NULL;
-	struct packet orig = *pkt;
 	__be32 saddr;
 	__be16 sport;
 
@@ -35,11 +60,10 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 		count(res->reason, skb->len);
 		return TC_ACT_SHOT;
 	case FLOW_REFUSE:
-		count(pkt->proto == IPPROTO_TCP ? STAT_REJECT_TCP : STAT_REJECT_ICMP, skb->len);
-		return skb_refuse(skb, pkt);
+		return skb_refuse(skb, pkt,
+				  pkt->proto == IPPROTO_TCP ? STAT_REJECT_TCP : STAT_REJECT_ICMP);
 	case FLOW_RST_GONE:
-		count(STAT_RST_BACKEND_GONE, skb->len);
-		return skb_refuse(skb, pkt);
+		return skb_refuse(skb, pkt, STAT_RST_BACKEND_GONE);
 	case FLOW_NEW:
 		break;
 	case FLOW_TRACKED:
@@ -56,12 +80,8 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 		return TC_ACT_SHOT;
 	}
 	flow_source(ct, pkt, &saddr, &sport);
-	if (skb_rewrite_tuple(skb, pkt, saddr, sport, ct->backend_addr, ct->backend_port)) {
-		count(STAT_DROP_ADJUST, skb->len);
-		return TC_ACT_SHOT;
-	}
-	frag_remember(&orig, pkt, ct->svc_id);
-	return skb_forward(skb, pkt, skb->ifindex, &ct->hop);
+	return tc_translate_and_send(skb, pkt, res, ct->svc_id, &ct->hop, saddr, sport, ct->backend_addr,
+				     ct->backend_port);
 }
 
 /* A reply of a backend: translate it back to what its client expects. */
@@ -69,22 +89,19 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct packet *pkt,
 				    const struct nat_key *key, struct nat_entry *rev)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
-	struct packet orig = *pkt;
+	struct flow_result *res = flow_result_get();
 	__u32 svc_id = rev->svc_id;
 
+	if (!res)
+		return TC_ACT_UNSPEC;
 	if (reverse_touch(key, rev, pkt, now)) {
 		count(STAT_DROP_STALE_NAT, skb->len);
 		return TC_ACT_SHOT;
 	}
 	count(STAT_REVERSE_NAT, 0);
 	count_service(svc_id, skb->len, 0);
-	if (skb_rewrite_tuple(skb, pkt, rev->frontend_addr, rev->frontend_port, rev->client_addr,
-			      rev->client_port)) {
-		count(STAT_DROP_ADJUST, skb->len);
-		return TC_ACT_SHOT;
-	}
-	frag_remember(&orig, pkt, svc_id);
-	return skb_forward(skb, pkt, skb->ifindex, &rev->hop);
+	return tc_translate_and_send(skb, pkt, res, svc_id, &rev->hop, rev->frontend_addr,
+				     rev->frontend_port, rev->client_addr, rev->client_port);
 }
 
 /* Look for a reverse entry matching the packet as a reply. */
@@ -122,7 +139,7 @@ static __always_inline int tc_later_fragment(struct __sk_buff *skb, struct packe
 		count(STAT_DROP_ADJUST, skb->len);
 		return TC_ACT_SHOT;
 	}
-	return skb_forward(skb, pkt, skb->ifindex, NULL);
+	return skb_forward(skb, pkt, skb->ifindex);
 }
 
 #endif /* XDPLB_TC_SERVICE_H */
