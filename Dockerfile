@@ -2,7 +2,7 @@
 #
 # The xdplb agent image:
 #
-#   docker build -t ghcr.io/xdplb/xdplb:latest .
+#   docker build --build-arg VERSION="$(git describe --tags --always --dirty)" -t ghcr.io/xdplb/xdplb:latest .
 #
 # The build stage compiles the binary exactly as `make build` does, from the
 # committed BPF objects (xdp/*.o are embedded): no clang, no kernel headers.
@@ -11,6 +11,10 @@
 # grants (BPF, NET_ADMIN, PERFMON, SYS_ADMIN): a non-root user cannot load
 # BPF programs or attach them to interfaces. tests/dockerfile keeps this file
 # in step with the Makefile and deploy/.
+#
+# VERSION is what `xdplb version` and the agent's log report: the build
+# context has no .git (see .dockerignore), so the binary cannot find it
+# itself. Without the build argument the image reports "unknown".
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
@@ -18,7 +22,8 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -o bin/xdplb ./cmd/xdplb
+ARG VERSION=unknown
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=${VERSION}" -o bin/xdplb ./cmd/xdplb
 
 FROM gcr.io/distroless/static-debian12
 COPY --from=build /src/bin/xdplb /usr/local/bin/xdplb

@@ -17,6 +17,10 @@ DEB_PACKAGES := clang-16 llvm-16 libbpf-dev linux-libc-dev iproute2 iptables nft
 
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
+# The version `xdplb version` reports (stamped with -ldflags -X). The image
+# takes it as a build argument: docker build --build-arg VERSION=$(VERSION).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
 .PHONY: all deps generate build k8s-bins test test-unit bench lint demo perf perf-quick clean
 
 all: build
@@ -38,7 +42,7 @@ generate: deps
 
 ## build: the xdplb binary (uses the committed BPF objects, no clang needed).
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/xdplb
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/xdplb
 
 ## k8s-bins: build kube-apiserver and etcd from the Go module proxy, once
 ## (cached under ~/.cache/xdplb, keyed by version).

@@ -67,7 +67,7 @@ func OpenPinned(pinRoot string) (*Maps, error) {
 			if errors.Is(err, os.ErrNotExist) {
 				return nil, fmt.Errorf("no xdplb datapath pinned under %s (is the agent running with this --bpffs-root?)", pinRoot)
 			}
-			return nil, fmt.Errorf("open %s: %w", path, err)
+			return nil, explainBPFError("open "+path, err)
 		}
 		*handle = mp
 	}

@@ -118,7 +118,7 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid datapath options: %w", err)
 	}
-	if err := ensureBPFFS(opts.PinRoot); err != nil {
+	if err := ensureBPFFS(opts.PinRoot, log); err != nil {
 		return nil, err
 	}
 	for _, dir := range []string{mapsDir(opts.PinRoot), linksDir(opts.PinRoot)} {
@@ -154,7 +154,7 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 		Maps: ebpf.MapOptions{PinPath: mapsDir(opts.PinRoot)},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
+		return nil, explainBPFError("load XDP program", verifierDetail(err))
 	}
 	defer coll.Close()
 
@@ -177,15 +177,15 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 
 	if d.nicIngress, err = loadSharing(ingressSpec, nicSpec, coll, "xdplb_nic_ingress"); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("load TC program: %w", err)
+		return nil, explainBPFError("load TC program", err)
 	}
 	if d.pod, err = loadSharing(podSpec, nicSpec, coll, "xdplb_pod"); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("load pod TC program: %w", err)
+		return nil, explainBPFError("load pod TC program", err)
 	}
 	if d.sock, err = loadCollectionSharing(sockSpec, nicSpec, coll); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("load socket programs: %w", err)
+		return nil, explainBPFError("load socket programs", err)
 	}
 
 	if err := d.writeConfig(); err != nil {

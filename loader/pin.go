@@ -15,7 +15,10 @@ import (
 )
 
 // ensureBPFFS makes sure root is on a bpffs, mounting one there if not.
-func ensureBPFFS(root string) error {
+// A bpffs mounted here is private to this mount namespace (a pod's, say):
+// the pins go with it, so restarts and upgrades cannot adopt them, and it
+// says so with a warning.
+func ensureBPFFS(root string, log *slog.Logger) error {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return fmt.Errorf("bpffs root %s: %w", root, err)
 	}
@@ -29,6 +32,9 @@ func ensureBPFFS(root string) error {
 	if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("mount bpffs at %s: %w (needs CAP_SYS_ADMIN, or mount it beforehand)", root, err)
 	}
+	log.Warn("no bpffs at the pin root: mounted a private one, whose pins do not outlive this mount namespace "+
+		"(in a pod: the pod), so a restarted agent starts over with empty maps; mount bpffs there on the node",
+		"path", root)
 	return nil
 }
 
@@ -70,7 +76,7 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("open pinned map %s: %w", path, err)
+			return explainBPFError("open pinned map "+path, err)
 		}
 		incompatible := ms.Compatible(old)
 		if incompatible == nil && name == "snat_slots" && fresh {
@@ -111,7 +117,7 @@ func openSNATBucketHints(spec *ebpf.CollectionSpec, dir string) (hints *ebpf.Map
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
-		return nil, false, fmt.Errorf("open pinned map %s: %w", path, err)
+		return nil, false, explainBPFError("open pinned map "+path, err)
 	case ms.Compatible(old) == nil:
 		return old, false, nil
 	default:
@@ -125,7 +131,7 @@ func openSNATBucketHints(spec *ebpf.CollectionSpec, dir string) (hints *ebpf.Map
 	unpinned.Pinning = ebpf.PinNone
 	hints, err = ebpf.NewMap(unpinned)
 	if err != nil {
-		return nil, false, fmt.Errorf("create map %s: %w", snatBucketHints, err)
+		return nil, false, explainBPFError("create map "+snatBucketHints, err)
 	}
 	return hints, true, nil
 }
@@ -166,7 +172,7 @@ func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
 	spec.Pinning = ebpf.PinNone // pinned below, in place of the old one
 	fresh, err := ebpf.NewMap(spec)
 	if err != nil {
-		return fmt.Errorf("recreate map %s: %w", name, err)
+		return explainBPFError("recreate map "+name, err)
 	}
 	defer fresh.Close()
 

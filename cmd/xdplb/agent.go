@@ -271,6 +271,9 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	}
 	opts.AffinityMax = max(opts.ConntrackMax/8, 1024)
 	opts.SourceRangesMax = max(opts.ServicesMax, 1024)
+	if err := checkMapMemory(opts, memTotal()); err != nil {
+		return cfg, err
+	}
 	for _, f := range []struct {
 		name     string
 		dst      *time.Duration

@@ -43,6 +43,9 @@ func xdpModes() string {
 
 const goDuration = "(a Go duration such as 30s, 5m, 6h)"
 
+// fitsMemory is the limit checkMapMemory puts on the map size flags.
+const fitsMemory = "all maps together (estimated from these sizes) within the machine's MemTotal"
+
 // allowed says, per flag, which values it accepts: error messages and the
 // README's flag table quote it, so the two cannot disagree.
 var allowed = map[string]string{
@@ -53,11 +56,11 @@ var allowed = map[string]string{
 	"node-name":               "a Kubernetes node name (a lower-case DNS subdomain)",
 	"maglev-table-size":       maglevSizes(),
 	"maglev-hash-seed":        "0 to 18446744073709551615",
-	"conntrack-max":           "1024 to 134217728",
-	"nat-max":                 "1024 to 134217728, at least --conntrack-max",
-	"services-max":            "2 to 4194304",
-	"backends-max":            "2 to 16777216",
-	"frontends-max":           "1 to 16777216",
+	"conntrack-max":           "1024 to 134217728; " + fitsMemory,
+	"nat-max":                 "1024 to 134217728, at least --conntrack-max; " + fitsMemory,
+	"services-max":            "2 to 4194304; " + fitsMemory,
+	"backends-max":            "2 to 16777216; " + fitsMemory,
+	"frontends-max":           "1 to 16777216; " + fitsMemory,
 	"tcp-established-timeout": "1s to 168h " + goDuration,
 	"tcp-transient-timeout":   "1s to 168h " + goDuration,
 	"udp-timeout":             "1s to 168h " + goDuration,

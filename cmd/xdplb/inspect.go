@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/xdplb/xdplb/control/agent"
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/control/inspect"
 	"github.com/xdplb/xdplb/loader"
@@ -97,8 +99,12 @@ func detachCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			// Before the pins go: the record of which ports the agent
+			// reserved is one of them. A failure to release them does
+			// not stop the detach; it is reported at the end.
+			released, releaseErr := agent.ReleaseSNATPorts(root)
 			if err := loader.Detach(root); err != nil {
-				return err
+				return errors.Join(err, releaseErr)
 			}
 			for _, a := range links {
 				if a.Hook == "cgroup" {
@@ -107,8 +113,11 @@ func detachCommand() *cli.Command {
 				}
 				fmt.Fprintf(c.App.Writer, "detached %s from %s\n", a.Hook, a.Interface)
 			}
+			if released != "" {
+				fmt.Fprintf(c.App.Writer, "released ports %s from net.ipv4.ip_local_reserved_ports\n", released)
+			}
 			fmt.Fprintln(c.App.Writer, "pins removed from", loader.Dir(root))
-			return nil
+			return releaseErr
 		},
 	}
 }

@@ -438,7 +438,8 @@ func TestValidFlagsAttach(t *testing.T) {
 	if r.code != exitOK {
 		t.Fatalf("detach: exit code %d\n%s", r.code, r.stderr)
 	}
-	want := fmt.Sprintf("detached tc-ingress from %s\ndetached xdp from %s\npins removed from %s\n", testIface, testIface, loader.Dir(root))
+	want := fmt.Sprintf("detached tc-ingress from %s\ndetached xdp from %s\n"+
+		"released ports 40000-60999 from net.ipv4.ip_local_reserved_ports\npins removed from %s\n", testIface, testIface, loader.Dir(root))
 	if r.stdout != want {
 		t.Errorf("detach said\n%s\nwant\n%s", r.stdout, want)
 	}
@@ -448,6 +449,9 @@ func TestValidFlagsAttach(t *testing.T) {
 	}
 	if len(s.entries) != 0 {
 		t.Errorf("after detach: %s still holds %v", root, s.entries)
+	}
+	if s.reservedPorts != "" {
+		t.Errorf("after detach: ip_local_reserved_ports %q, want the agent's range released", s.reservedPorts)
 	}
 	r = runIn(t, ns, "status", "--bpffs-root", root)
 	if r.code != exitFailure || !strings.HasPrefix(r.stderr, "xdplb: no xdplb datapath pinned under "+root) ||

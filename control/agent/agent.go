@@ -96,12 +96,19 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListener(healthzLn)
 		closeListener(metricsLn)
 	}
-	if err := reserveSNATPorts(cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+	if err := checkSNATRange(cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax); err != nil {
 		closeListeners()
 		return nil, err
 	}
 	dp, err := loader.Load(cfg.Datapath, log)
 	if err != nil {
+		closeListeners()
+		return nil, err
+	}
+	// After the load, which mounts the pin root: the reservation is
+	// recorded there. Before the attach: no flow takes a SNAT port first.
+	if err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+		dp.Close()
 		closeListeners()
 		return nil, err
 	}

@@ -1,11 +1,18 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdplb/xdplb/loader"
 )
 
 const (
@@ -17,25 +24,138 @@ const (
 // range must leave to the host's own outgoing connections.
 const minEphemeralPorts = 1024
 
-// reserveSNATPorts keeps the host's own sockets out of the SNAT port
-// range: if the range overlaps ip_local_port_range, it is added to
-// ip_local_reserved_ports (keeping what is there), so no ephemeral port
-// the kernel hands out can collide with a translated flow. A range that
-// would leave the host fewer than minEphemeralPorts is refused: reserving
-// it would make the host's connect() fail.
-func reserveSNATPorts(lo, hi uint16, log *slog.Logger) error {
+// reservedPortsPin names the pin, in the versioned pin directory, of the
+// record of the ports the agent itself added to ip_local_reserved_ports.
+// It is a one-entry array map holding a portSet: bpffs holds no plain
+// files, and a pin lives as long as the other pins (across agent restarts
+// and upgrades) and goes with them at `xdplb detach`.
+const reservedPortsPin = "reserved_ports"
+
+// portSet is a set of TCP/UDP ports, one bit per port.
+type portSet [65536 / 64]uint64
+
+// addRange adds the ports lo to hi.
+func (s *portSet) addRange(lo, hi uint16) {
+	for p := uint32(lo); p <= uint32(hi); p++ {
+		s[p/64] |= 1 << (p % 64)
+	}
+}
+
+// has reports whether port p is in the set.
+func (s *portSet) has(p uint32) bool { return s[p/64]&(1<<(p%64)) != 0 }
+
+// and returns the ports in both s and o.
+func (s portSet) and(o portSet) portSet {
+	for i := range s {
+		s[i] &= o[i]
+	}
+	return s
+}
+
+// or returns the ports in s or o.
+func (s portSet) or(o portSet) portSet {
+	for i := range s {
+		s[i] |= o[i]
+	}
+	return s
+}
+
+// minus returns the ports of s that are not in o.
+func (s portSet) minus(o portSet) portSet {
+	for i := range s {
+		s[i] &^= o[i]
+	}
+	return s
+}
+
+// count is the number of ports in the set.
+func (s *portSet) count() int {
+	n := 0
+	for _, w := range s {
+		n += bits.OnesCount64(w)
+	}
+	return n
+}
+
+// String formats the set as the kernel does ip_local_reserved_ports:
+// ascending ports and ranges, comma-separated ("22,40000-60999"); "" when
+// empty.
+func (s portSet) String() string {
+	var b strings.Builder
+	for p := uint32(0); p < 65536; p++ {
+		if !s.has(p) {
+			continue
+		}
+		end := p
+		for end+1 < 65536 && s.has(end+1) {
+			end++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if end == p {
+			fmt.Fprintf(&b, "%d", p)
+		} else {
+			fmt.Fprintf(&b, "%d-%d", p, end)
+		}
+		p = end
+	}
+	return b.String()
+}
+
+// parsePortList parses the kernel's ip_local_reserved_ports format.
+func parsePortList(text string) (portSet, error) {
+	var s portSet
+	text = strings.TrimSpace(text)
+	if text == "" {
+		return s, nil
+	}
+	for _, part := range strings.Split(text, ",") {
+		a, b, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		lo, err := strconv.ParseUint(a, 10, 16)
+		if err != nil {
+			return s, fmt.Errorf("port list %q: %w", text, err)
+		}
+		hi := lo
+		if isRange {
+			if hi, err = strconv.ParseUint(b, 10, 16); err != nil {
+				return s, fmt.Errorf("port list %q: %w", text, err)
+			}
+		}
+		if hi < lo {
+			return s, fmt.Errorf("port list %q: range %s ends below its start", text, part)
+		}
+		s.addRange(uint16(lo), uint16(hi))
+	}
+	return s, nil
+}
+
+// ephemeralRange reads ip_local_port_range.
+func ephemeralRange() (lo, hi int, err error) {
 	raw, err := os.ReadFile(localPortRange)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", localPortRange, err)
+		return 0, 0, fmt.Errorf("read %s: %w", localPortRange, err)
 	}
 	f := strings.Fields(string(raw))
 	if len(f) != 2 {
-		return fmt.Errorf("unexpected %s: %q", localPortRange, raw)
+		return 0, 0, fmt.Errorf("unexpected %s: %q", localPortRange, raw)
 	}
-	eLo, err1 := strconv.Atoi(f[0])
-	eHi, err2 := strconv.Atoi(f[1])
+	lo, err1 := strconv.Atoi(f[0])
+	hi, err2 := strconv.Atoi(f[1])
 	if err1 != nil || err2 != nil {
-		return fmt.Errorf("unexpected %s: %q", localPortRange, raw)
+		return 0, 0, fmt.Errorf("unexpected %s: %q", localPortRange, raw)
+	}
+	return lo, hi, nil
+}
+
+// checkSNATRange refuses a SNAT range that would leave the host fewer than
+// minEphemeralPorts of ip_local_port_range: reserving it would make the
+// host's connect() fail. It changes nothing, so it runs before anything
+// is loaded.
+func checkSNATRange(lo, hi uint16) error {
+	eLo, eHi, err := ephemeralRange()
+	if err != nil {
+		return err
 	}
 	if int(hi) < eLo || int(lo) > eHi {
 		return nil // no overlap
@@ -46,29 +166,170 @@ func reserveSNATPorts(lo, hi uint16, log *slog.Logger) error {
 			"(ip_local_port_range %d-%d), fewer than %d: choose a range outside it or a smaller one",
 			lo, hi, left, eLo, eHi, minEphemeralPorts)
 	}
-	cur, err := os.ReadFile(localReservedPort)
+	return nil
+}
+
+// reserveSNATPorts keeps the host's own sockets out of the SNAT port
+// range: if the range overlaps ip_local_port_range, it is added to
+// ip_local_reserved_ports (keeping what is there), so no ephemeral port
+// the kernel hands out can collide with a translated flow. Ports an
+// earlier start added for another range are removed. Which ports the
+// agent added (those not reserved already) is recorded under pinRoot, so
+// that a later start or ReleaseSNATPorts removes those and nothing that
+// was reserved by someone else. checkSNATRange has accepted the range.
+func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) error {
+	eLo, eHi, err := ephemeralRange()
 	if err != nil {
-		return fmt.Errorf("read %s: %w", localReservedPort, err)
+		return err
 	}
-	mine := fmt.Sprintf("%d-%d", lo, hi)
-	have := strings.TrimSpace(string(cur))
-	for _, r := range strings.Split(have, ",") {
-		if r == mine {
-			return nil
+	var want portSet
+	if int(hi) >= eLo && int(lo) <= eHi {
+		want.addRange(lo, hi)
+	}
+	mine, err := loadReservedRecord(pinRoot)
+	if err != nil {
+		return err
+	}
+	cur, err := readReservedPorts()
+	if err != nil {
+		return err
+	}
+	release := mine.minus(want)
+	kept := cur.minus(release)
+	added := want.minus(kept)
+	next := kept.or(want)
+	if next == cur {
+		// Nothing to write (the range may be reserved by the node):
+		// what the agent added and still wants stays its own.
+		return storeReservedRecord(pinRoot, mine.and(want).and(cur))
+	}
+	// The record drops the ports to release before they are released:
+	// a crash in between leaves them reserved, never removes another's.
+	if release.count() > 0 {
+		if err := storeReservedRecord(pinRoot, mine.minus(release)); err != nil {
+			return err
 		}
 	}
-	next := mine
-	if have != "" {
-		next = have + "," + mine
-	}
-	if err := os.WriteFile(localReservedPort, []byte(next), 0o644); err != nil {
+	if err := writeReservedPorts(next); err != nil {
 		// A container usually sees /proc/sys read-only: the node must
 		// reserve the range itself (the README's node requirements).
 		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports: "+
-			"host connections may collide with translated flows", "ports", mine, "error", err)
-		return nil
+			"host connections may collide with translated flows",
+			"ports", fmt.Sprintf("%d-%d", lo, hi), "error", err)
+		return storeReservedRecord(pinRoot, mine.and(cur))
 	}
-	log.Info("SNAT ports reserved from the host's ephemeral range", "ports", mine,
-		"ip_local_port_range", strings.TrimSpace(string(raw)))
+	if err := storeReservedRecord(pinRoot, mine.and(want).and(kept).or(added)); err != nil {
+		return err
+	}
+	if release.count() > 0 {
+		log.Info("SNAT ports of an earlier range released to the host", "ports", release.and(cur).String())
+	}
+	if added.count() > 0 {
+		log.Info("SNAT ports reserved from the host's ephemeral range", "ports", added.String(),
+			"ip_local_port_range", fmt.Sprintf("%d-%d", eLo, eHi))
+	}
+	return nil
+}
+
+// ReleaseSNATPorts removes from ip_local_reserved_ports the ports the
+// agent recorded under pinRoot as added by itself, leaving any other
+// reservation, clears the record and returns the ports it removed, in the
+// kernel's format ("" for none). Nothing recorded (no agent ran, or the
+// pins are gone) is not an error.
+func ReleaseSNATPorts(pinRoot string) (string, error) {
+	mine, err := loadReservedRecord(pinRoot)
+	if err != nil || mine.count() == 0 {
+		return "", err
+	}
+	cur, err := readReservedPorts()
+	if err != nil {
+		return "", err
+	}
+	released := mine.and(cur)
+	if released.count() > 0 {
+		if err := writeReservedPorts(cur.minus(mine)); err != nil {
+			return "", fmt.Errorf("release the SNAT ports %s the agent reserved (remove them from "+
+				"net.ipv4.ip_local_reserved_ports by hand): %w", released.String(), err)
+		}
+	}
+	return released.String(), storeReservedRecord(pinRoot, portSet{})
+}
+
+func readReservedPorts() (portSet, error) {
+	raw, err := os.ReadFile(localReservedPort)
+	if err != nil {
+		return portSet{}, fmt.Errorf("read %s: %w", localReservedPort, err)
+	}
+	s, err := parsePortList(string(raw))
+	if err != nil {
+		return s, fmt.Errorf("read %s: %w", localReservedPort, err)
+	}
+	return s, nil
+}
+
+func writeReservedPorts(s portSet) error {
+	// A newline, not an empty write, clears the list: the kernel does
+	// not see a write of nothing.
+	if err := os.WriteFile(localReservedPort, []byte(s.String()+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", localReservedPort, err)
+	}
+	return nil
+}
+
+func reservedRecordPath(pinRoot string) string {
+	return filepath.Join(loader.Dir(pinRoot), reservedPortsPin)
+}
+
+// reservedRecordSpec is the map the record is kept in.
+func reservedRecordSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{Name: "xdplb_rsvports", Type: ebpf.Array, KeySize: 4,
+		ValueSize: uint32(len(portSet{}) * 8), MaxEntries: 1}
+}
+
+// loadReservedRecord reads the ports recorded under pinRoot; none when
+// nothing is pinned there.
+func loadReservedRecord(pinRoot string) (portSet, error) {
+	var s portSet
+	path := reservedRecordPath(pinRoot)
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("open the record of reserved SNAT ports %s: %w", path, err)
+	}
+	defer m.Close()
+	if err := m.Lookup(uint32(0), &s); err != nil {
+		return s, fmt.Errorf("read the record of reserved SNAT ports %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// storeReservedRecord records s under pinRoot, pinning the record's map
+// if it is not pinned yet.
+func storeReservedRecord(pinRoot string, s portSet) error {
+	path := reservedRecordPath(pinRoot)
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		if s.count() == 0 {
+			return nil // nothing to remember
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return fmt.Errorf("record reserved SNAT ports: %w", err)
+		}
+		m, err = ebpf.NewMap(reservedRecordSpec())
+		if err == nil {
+			if err = m.Pin(path); err != nil {
+				m.Close()
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("record reserved SNAT ports in %s: %w", path, err)
+	}
+	defer m.Close()
+	if err := m.Put(uint32(0), &s); err != nil {
+		return fmt.Errorf("record reserved SNAT ports in %s: %w", path, err)
+	}
 	return nil
 }

@@ -1,13 +1,16 @@
 // Package dockerfile checks the image build without a Docker engine: the
 // Dockerfile builds the binary with exactly the Makefile's build recipe,
-// from the committed BPF objects, into a runtime image whose default
-// command is `xdplb agent`; the DaemonSet in deploy/ runs that image under
+// from the committed BPF objects, stamping the VERSION build argument into
+// the binary, into a runtime image whose default command is `xdplb agent`; the DaemonSet in deploy/ runs that image under
 // the name the Dockerfile documents; and .dockerignore leaves every file the
 // build needs in the context.
 package dockerfile
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path"
@@ -94,8 +97,9 @@ func execForm(t *testing.T, in instruction) []string {
 }
 
 // makeRecipe returns the recipe of a Makefile target with the Makefile's
-// own variables expanded.
-func makeRecipe(t *testing.T, makefile, target string) []string {
+// own variables expanded, except those in override, which take the value
+// given there (as `make NAME=value` would).
+func makeRecipe(t *testing.T, makefile, target string, override map[string]string) []string {
 	t.Helper()
 	vars := map[string]string{}
 	assign := regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_]*)\s*(\?=|:=|=)\s*(.*)$`)
@@ -104,6 +108,9 @@ func makeRecipe(t *testing.T, makefile, target string) []string {
 	for _, line := range strings.Split(makefile, "\n") {
 		if m := assign.FindStringSubmatch(line); m != nil && !strings.HasPrefix(line, "\t") {
 			vars[m[1]] = strings.TrimSpace(m[3])
+			if v, ok := override[m[1]]; ok {
+				vars[m[1]] = v
+			}
 		}
 		switch {
 		case strings.HasPrefix(line, target+":"):
@@ -161,8 +168,10 @@ func TestDockerfile(t *testing.T) {
 			build.from, build.name, want, goDirective[1])
 	}
 
-	// Exactly one build command, and it is `make build`'s recipe.
-	recipe := makeRecipe(t, read(t, root, "Makefile"), "build")
+	// Exactly one build command, and it is `make build`'s recipe, with the
+	// version the image is built with (its VERSION build argument) where
+	// the Makefile puts its own VERSION.
+	recipe := makeRecipe(t, read(t, root, "Makefile"), "build", map[string]string{"VERSION": "${" + versionArg + "}"})
 	var builds []instruction
 	for _, st := range stages {
 		for _, in := range st.insns {
@@ -178,13 +187,18 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("Dockerfile go build steps %v, want exactly the Makefile's build recipe %q", builds, recipe)
 	}
 	testenv.RequireCommand(t, "make")
-	out, err := exec.Command("make", "-s", "-n", "-C", root, "build").Output()
+	const probe = "v0.0.0-probe"
+	out, err := exec.Command("make", "-s", "-n", "-C", root, "VERSION="+probe, "build").Output()
 	if err != nil {
 		t.Fatalf("make -n build: %v", err)
 	}
-	if got := strings.TrimSpace(string(out)); len(builds) == 1 && got != builds[0].args {
-		t.Errorf("make -n build runs %q, the Dockerfile %q", got, builds[0].args)
+	if len(builds) == 1 {
+		got, want := strings.TrimSpace(string(out)), strings.ReplaceAll(builds[0].args, "${"+versionArg+"}", probe)
+		if got != want {
+			t.Errorf("make -n VERSION=%s build runs %q, the Dockerfile %q", probe, got, want)
+		}
 	}
+	checkVersionStamp(t, root, build, builds)
 
 	// The runtime stage: the binary from the builder, nothing to compile.
 	if strings.HasPrefix(runtime.from, "golang:") {
@@ -218,14 +232,17 @@ func TestDockerfile(t *testing.T) {
 
 	// The DaemonSet runs this image, named as the Dockerfile documents,
 	// and its command line becomes `xdplb agent`.
-	var image string
+	var image, documented string
 	for _, c := range comments {
-		if m := regexp.MustCompile(`docker build -t (\S+?)(:\S+)? \.$`).FindStringSubmatch(c); m != nil {
-			image = m[1]
+		if m := regexp.MustCompile(`docker build (?:.* )?-t (\S+?)(:\S+)? \.$`).FindStringSubmatch(c); m != nil {
+			image, documented = m[1], c
 		}
 	}
 	if image == "" {
 		t.Fatal("the Dockerfile does not document its image name (`docker build -t NAME:TAG .`)")
+	}
+	if !strings.Contains(documented, "--build-arg "+versionArg+"=") {
+		t.Errorf("the documented build %q does not pass --build-arg %s=...: the image would report the default version", documented, versionArg)
 	}
 	var ds appsv1.DaemonSet
 	if err := yaml.Unmarshal([]byte(read(t, root, "deploy/daemonset.yaml")), &ds); err != nil {
@@ -250,6 +267,83 @@ func TestDockerfile(t *testing.T) {
 	if !strings.Contains(read(t, root, "deploy/kustomization.yaml"), "name: "+image) {
 		t.Errorf("deploy/kustomization.yaml has no images entry for %s", image)
 	}
+}
+
+// versionArg is the build argument that carries the version into the
+// image's binary.
+const versionArg = "VERSION"
+
+// checkVersionStamp checks that the image's binary gets its version: the
+// build stage declares the VERSION argument (with a default) before the
+// build, the build sets it with -ldflags -X on a string variable that
+// exists in cmd/xdplb (-X on a missing one is silently ignored), and the
+// Makefile's VERSION comes from git describe.
+func checkVersionStamp(t *testing.T, root string, build stage, builds []instruction) {
+	t.Helper()
+	if len(builds) != 1 {
+		return
+	}
+	declared := false
+	for _, in := range build.insns {
+		if in.cmd == "ARG" && strings.HasPrefix(in.args, versionArg+"=") && len(in.args) > len(versionArg)+1 {
+			declared = true
+		}
+		if in.line == builds[0].line {
+			break
+		}
+	}
+	if !declared {
+		t.Errorf("the build stage does not declare ARG %s=<default> before its build", versionArg)
+	}
+	m := regexp.MustCompile(`-X '?([\w./-]+)\.(\w+)=\$\{` + versionArg + `\}`).FindStringSubmatch(builds[0].args)
+	if m == nil {
+		t.Fatalf("the build %q does not stamp the version: want -ldflags \"-X main.<var>=${%s}\"", builds[0].args, versionArg)
+	}
+	if m[1] != "main" || !hasStringVar(t, filepath.Join(root, "cmd/xdplb"), m[2]) {
+		t.Errorf("-X %s.%s: cmd/xdplb (package main) has no string variable %s", m[1], m[2], m[2])
+	}
+	vars := regexp.MustCompile(`(?m)^` + versionArg + `\s*\?=\s*(.*)$`).FindStringSubmatch(read(t, root, "Makefile"))
+	if vars == nil || !strings.Contains(vars[1], "git describe") {
+		t.Errorf("Makefile: want %s ?= <from git describe>, so a build outside the image also has its version", versionArg)
+	}
+}
+
+// hasStringVar reports whether the package in dir declares a package-level
+// variable name initialised with a string constant.
+func hasStringVar(t *testing.T, dir, name string) bool {
+	t.Helper()
+	fset := token.NewFileSet()
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, decl := range file.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.VAR {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				vs := spec.(*ast.ValueSpec)
+				for i, n := range vs.Names {
+					if n.Name != name || i >= len(vs.Values) {
+						continue
+					}
+					if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
 }
 
 func workdir(st stage) string {

@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/xdplb/xdplb/tests/testenv"
+)
+
+// TestSNATPortReservations runs reservations and releases in a fresh
+// network namespace (ip_local_reserved_ports is per namespace, so the
+// host's is never touched) and checks what the kernel ends up with: the
+// agent adds its range, replaces it when the range changes, keeps it
+// across restarts (the record is pinned), and releases only the ports it
+// added itself, never those reserved before it.
+func TestSNATPortReservations(t *testing.T) {
+	type step struct {
+		lo, hi uint16
+		want   string // ip_local_reserved_ports after the step
+	}
+	for _, tc := range []struct {
+		name      string
+		portRange string // ip_local_port_range; "" for the namespace's default, 32768 60999
+		before    string // reserved before the agent's first start
+		starts    []step
+		released  string // after ReleaseSNATPorts
+	}{
+		{name: "fresh", starts: []step{{40000, 60999, "40000-60999"}}, released: ""},
+		{name: "restart keeps the range", starts: []step{{40000, 60999, "40000-60999"}, {40000, 60999, "40000-60999"}}, released: ""},
+		{name: "changed range replaces the old one",
+			starts:   []step{{40000, 60999, "40000-60999"}, {45000, 50000, "45000-50000"}},
+			released: ""},
+		{name: "reserved by others before are kept",
+			before:   "8080,41000-41010,59000",
+			starts:   []step{{40000, 60999, "8080,40000-60999"}, {45000, 50000, "8080,41000-41010,45000-50000,59000"}},
+			released: "8080,41000-41010,59000"},
+		{name: "range already reserved: nothing is the agent's",
+			before:   "40000-60999",
+			starts:   []step{{40000, 60999, "40000-60999"}, {42000, 43000, "40000-60999"}},
+			released: "40000-60999"},
+		{name: "range outside the ephemeral ports releases the old one",
+			portRange: "32768 50000",
+			starts:    []step{{40000, 49000, "40000-49000"}, {55000, 60000, ""}},
+			released:  ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.NewNetns(t, "rsv")
+			root := testenv.BPFFS(t)
+			log := slog.New(slog.DiscardHandler)
+			if tc.portRange != "" {
+				ns.Sysctl("net.ipv4.ip_local_port_range", tc.portRange)
+			}
+			if tc.before != "" {
+				ns.Sysctl("net.ipv4.ip_local_reserved_ports", tc.before)
+			}
+			reserved := func() string {
+				raw, err := os.ReadFile(localReservedPort)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return strings.TrimSpace(string(raw))
+			}
+			err := ns.Do(func() error {
+				for i, s := range tc.starts {
+					if err := checkSNATRange(s.lo, s.hi); err != nil {
+						t.Fatalf("start %d (%d-%d): %v", i, s.lo, s.hi, err)
+					}
+					if err := reserveSNATPorts(root, s.lo, s.hi, log); err != nil {
+						t.Fatalf("start %d (%d-%d): %v", i, s.lo, s.hi, err)
+					}
+					if got := reserved(); got != s.want {
+						t.Errorf("after start %d (%d-%d): reserved %q, want %q", i, s.lo, s.hi, got, s.want)
+					}
+				}
+				if _, err := ReleaseSNATPorts(root); err != nil {
+					t.Fatalf("release: %v", err)
+				}
+				if got := reserved(); got != tc.released {
+					t.Errorf("after release: reserved %q, want %q", got, tc.released)
+				}
+				// Released twice (a second detach): nothing more goes.
+				if ports, err := ReleaseSNATPorts(root); err != nil || ports != "" {
+					t.Fatalf("second release: released %q, %v; want nothing", ports, err)
+				}
+				if got := reserved(); got != tc.released {
+					t.Errorf("after a second release: reserved %q, want %q", got, tc.released)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

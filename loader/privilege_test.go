@@ -1,0 +1,134 @@
+package loader_test
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"runtime"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/tests/testenv"
+)
+
+// withoutCapabilities runs fn on an OS thread whose effective capability
+// set is empty, as a process without CAP_BPF, CAP_NET_ADMIN and
+// CAP_SYS_ADMIN would run (capabilities are per thread; the permitted set
+// stays, so the thread gets them back afterwards).
+func withoutCapabilities(t *testing.T, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var saved [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &saved[0]); err != nil {
+			t.Errorf("capget: %v", err)
+			return
+		}
+		dropped := saved
+		dropped[0].Effective, dropped[1].Effective = 0, 0
+		if err := unix.Capset(&hdr, &dropped[0]); err != nil {
+			t.Errorf("capset: %v", err)
+			return
+		}
+		fn()
+		if err := unix.Capset(&hdr, &saved[0]); err != nil {
+			// Left locked: the runtime retires the thread.
+			t.Errorf("restore capabilities: %v", err)
+			return
+		}
+		runtime.UnlockOSThread()
+	}()
+	<-done
+}
+
+// TestLoadWithoutPrivilegeSaysSo checks that a load refused for lack of
+// privilege says so in one line, naming what failed and the capabilities
+// needed, instead of a bare "operation not permitted".
+func TestLoadWithoutPrivilegeSaysSo(t *testing.T) {
+	warm := testenv.BPFFS(t)
+	// A privileged load first: the library's feature probes are cached
+	// for the process, and must not be cached as "unsupported" below.
+	dp, err := loader.Load(smallOptions(warm), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+
+	for _, tc := range []struct {
+		name string
+		run  func(root string) error
+	}{
+		{"load", func(root string) error {
+			dp, err := loader.Load(smallOptions(root), nil)
+			if err == nil {
+				dp.Close()
+			}
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testenv.BPFFS(t)
+			var err error
+			withoutCapabilities(t, func() { err = tc.run(root) })
+			if err == nil {
+				t.Fatal("succeeded without capabilities")
+			}
+			msg := err.Error()
+			if !errors.Is(err, unix.EPERM) || strings.Contains(msg, "\n") ||
+				!strings.Contains(msg, "missing privilege") || !strings.Contains(msg, "CAP_BPF") ||
+				!strings.Contains(msg, "CAP_SYS_ADMIN") || !strings.Contains(msg, "root") {
+				t.Errorf("error %q: want one line naming what failed and the missing privilege (CAP_BPF ... CAP_SYS_ADMIN, or root)", msg)
+			}
+		})
+	}
+}
+
+// TestPrivateBPFFSIsLogged checks that a load that must mount its own
+// bpffs (the node has none at the pin root) warns that the pins will not
+// outlive it.
+func TestPrivateBPFFSIsLogged(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	for _, tc := range []struct {
+		name     string
+		onBPFFS  bool
+		wantWarn bool
+	}{
+		{"node bpffs", true, false},
+		{"no bpffs", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var root string
+			if tc.onBPFFS {
+				root = testenv.BPFFS(t)
+			} else {
+				root = t.TempDir()
+				t.Cleanup(func() {
+					var st unix.Statfs_t
+					if unix.Statfs(root, &st) == nil && st.Type == unix.BPF_FS_MAGIC {
+						if err := unix.Unmount(root, unix.MNT_DETACH); err != nil {
+							t.Errorf("unmount %s: %v", root, err)
+						}
+					}
+				})
+			}
+			var buf bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			dp, err := loader.Load(smallOptions(root), log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dp.Close()
+			got := strings.Contains(buf.String(), "level=WARN") && strings.Contains(buf.String(), "bpffs") &&
+				strings.Contains(buf.String(), root)
+			if got != tc.wantWarn {
+				t.Errorf("log:\n%s\nwant a warning about a private bpffs at %s: %v", buf.String(), root, tc.wantWarn)
+			}
+		})
+	}
+}
