@@ -130,6 +130,11 @@ type Reconciler struct {
 
 	// Per service port: what it wants (applied, or about to be).
 	ports map[string]*portRecord
+	// portOfID names the port whose record in ports has each service id
+	// (ids are unique among records; 0 is none). A frontend's value and a
+	// table's id name a service id, so this finds their port at once
+	// (owner, tableWanted). setPort keeps it in step with ports.
+	portOfID map[uint32]string
 	// Backends: the id and the use of each address:port, and the values
 	// as written by id.
 	addrs    map[netip.AddrPort]backendState
@@ -171,6 +176,7 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
 		ports:    map[string]*portRecord{},
+		portOfID: map[uint32]string{},
 		addrs:    map[netip.AddrPort]backendState{},
 		tables:   map[uint32]uint64{},
 		ranges:   map[dataplane.SourceRange]bool{},
@@ -217,6 +223,12 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 // tableID is the id of a service port's table for one endpoint set.
 func tableID(svcID uint32, set tableSet) uint32 {
 	return svcID*2 - 1 + uint32(set)
+}
+
+// serviceOfTable is the service port id whose table id is (the inverse
+// of tableID).
+func serviceOfTable(id uint32) uint32 {
+	return (id + 1) / 2
 }
 
 // Backends returns what the backends map holds, by id: what the
@@ -318,11 +330,7 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	oldPorts := make(map[string]*portRecord, len(next))
 	for k, rec := range next {
 		oldPorts[k] = r.ports[k]
-		if rec == nil {
-			delete(r.ports, k)
-		} else {
-			r.ports[k] = rec
-		}
+		r.setPort(k, rec)
 	}
 
 	err := r.write(ctx, touched, next, oldPorts, full, install, replacing, &res)
@@ -458,7 +466,7 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 				}
 			}
 			for id := range rec.tables {
-				if !r.tableWanted(id, next) {
+				if !r.tableWanted(id) {
 					dropTables = append(dropTables, id)
 				}
 			}
@@ -679,6 +687,23 @@ func (r *Reconciler) reserve(byKey map[string]*model.Service) {
 	r.tables = presized(r.tables, len(byKey))
 	r.usedIDs = presized(r.usedIDs, len(byKey))
 	r.ports = presized(r.ports, len(byKey))
+	r.portOfID = presized(r.portOfID, len(byKey))
+}
+
+// setPort makes rec the record of port key (nil: the port is gone),
+// keeping portOfID in step.
+func (r *Reconciler) setPort(key string, rec *portRecord) {
+	if old := r.ports[key]; old != nil && old.id != 0 && r.portOfID[old.id] == key {
+		delete(r.portOfID, old.id)
+	}
+	if rec == nil {
+		delete(r.ports, key)
+		return
+	}
+	r.ports[key] = rec
+	if rec.id != 0 {
+		r.portOfID[rec.id] = key
+	}
 }
 
 // presized returns m, or, if m is empty, an empty map with room for n.
@@ -751,35 +776,33 @@ func (r *Reconciler) use(b backend, delta int32, touched []netip.AddrPort) []net
 	return touched
 }
 
-// owner returns the port whose record holds frontend k, "" if none.
+// owner returns the port whose record holds frontend k under the
+// service id written for it, "" if none.
 func (r *Reconciler) owner(k dataplane.FrontendKey) string {
-	if v, ok := r.frontends[k]; ok {
-		for key, rec := range r.ports {
-			if rec.id == v.SvcID {
-				if _, has := rec.frontends[k]; has {
-					return key
-				}
-			}
-		}
+	v, ok := r.frontends[k]
+	if !ok || v.SvcID == 0 {
+		return ""
 	}
-	return ""
+	key, ok := r.portOfID[v.SvcID]
+	if !ok {
+		return ""
+	}
+	if _, has := r.ports[key].frontends[k]; !has {
+		return ""
+	}
+	return key
 }
 
-func (r *Reconciler) tableWanted(id uint32, next map[string]*portRecord) bool {
-	for _, rec := range next {
-		if rec != nil {
-			if _, ok := rec.tables[id]; ok {
-				return true
-			}
-		}
+// tableWanted reports whether a port's record (the changed ports' new
+// ones are in r.ports already) holds table id. Tables are per service
+// port id, so only the port with that id can.
+func (r *Reconciler) tableWanted(id uint32) bool {
+	key, ok := r.portOfID[serviceOfTable(id)]
+	if !ok {
+		return false
 	}
-	// Tables are per service port id; an unchanged port keeps its own.
-	for _, rec := range r.ports {
-		if _, ok := rec.tables[id]; ok {
-			return true
-		}
-	}
-	return false
+	_, has := r.ports[key].tables[id]
+	return has
 }
 
 type wantedSet struct {
