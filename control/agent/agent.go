@@ -41,6 +41,8 @@ type Agent struct {
 	tracker *health.Tracker
 	metrics *metrics.Metrics
 	hcNodes *health.NodePortServers
+	// purger purges the flows of removed backends, one purge at a time.
+	purger *flowPurger
 
 	trigger chan struct{}
 	pending atomic.Int64
@@ -189,6 +191,7 @@ func assemble(cfg Config, log *slog.Logger, src source.Source, dp *loader.Datapa
 	a.tracker = health.NewTracker(cfg.HealthTimeout, cfg.NodeName, nil)
 	a.metrics = metrics.New(a.plane, log)
 	a.hcNodes = health.NewNodePortServers(a.tracker, "", log)
+	a.purger = newFlowPurger(a.plane, log, reconcile.PurgeFlows)
 	return a, nil
 }
 
@@ -253,6 +256,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Goroutines that use the maps end before they are closed.
 	var mapUsers sync.WaitGroup
 	defer mapUsers.Wait()
+	defer a.purger.Stop()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -479,16 +483,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	} else {
 		a.log.Debug("datapath in sync", "service_ports", len(state.Services), "duration", elapsed)
 	}
-	if len(res.RemovedBackends) > 0 {
-		go func() {
-			n, err := reconcile.PurgeFlows(ctx, a.plane, res.RemovedBackends)
-			if err != nil && ctx.Err() == nil {
-				a.log.Warn("purge flows of removed backends", "error", err)
-			} else if n > 0 {
-				a.log.Info("flows of removed backends purged", "flows", n)
-			}
-		}()
-	}
+	a.purger.Add(res.RemovedBackends)
 	if a.hintSweep.due(len(res.RemovedBackends), time.Now()) {
 		if err := a.releaseSNATHints(); err != nil {
 			a.log.Warn("release SNAT bucket hints of departed backends; retrying at the next sync", "error", err)

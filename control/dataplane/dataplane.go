@@ -248,6 +248,10 @@ func (d *Dataplane) Backends() (map[uint32]Backend, error) {
 // BackendCapacity is the number of backend ids (including the reserved 0).
 func (d *Dataplane) BackendCapacity() uint32 { return d.m.Backends.MaxEntries() }
 
+// FrontendCapacity is the number of frontends the frontends map holds
+// (--frontends-max).
+func (d *Dataplane) FrontendCapacity() uint32 { return d.m.Frontends.MaxEntries() }
+
 // batchChunk bounds one batch syscall.
 const batchChunk = 4096
 

@@ -37,3 +37,15 @@ func TestBackendListSorted(t *testing.T) {
 		})
 	}
 }
+
+// serviceOfTable must invert tableID for both endpoint sets: tableWanted
+// finds a table's port through it.
+func TestServiceOfTable(t *testing.T) {
+	for _, svcID := range []uint32{1, 2, 3, 1000, 1<<22 - 1} {
+		for _, set := range []tableSet{clusterSet, localSet} {
+			if got := serviceOfTable(tableID(svcID, set)); got != svcID {
+				t.Errorf("serviceOfTable(tableID(%d, %d)) = %d", svcID, set, got)
+			}
+		}
+	}
+}

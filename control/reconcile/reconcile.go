@@ -38,7 +38,8 @@ type Result struct {
 	MaglevBuilds int
 	MaglevTime   time.Duration
 	// Problems are service ports that could not be programmed fully
-	// (out of ids, a table that could not be built); the rest was.
+	// (out of ids, a table that could not be built, frontends that do
+	// not fit in the frontends map); the rest was.
 	Problems []string
 	// RemovedBackends are the backends freed by this Apply: flows still
 	// tracked to them are stale (see PurgeFlows).
@@ -130,6 +131,11 @@ type Reconciler struct {
 
 	// Per service port: what it wants (applied, or about to be).
 	ports map[string]*portRecord
+	// portOfID names the port whose record in ports has each service id
+	// (ids are unique among records; 0 is none). A frontend's value and a
+	// table's id name a service id, so this finds their port at once
+	// (owner, tableWanted). setPort keeps it in step with ports.
+	portOfID map[uint32]string
 	// Backends: the id and the use of each address:port, and the values
 	// as written by id.
 	addrs    map[netip.AddrPort]backendState
@@ -140,8 +146,12 @@ type Reconciler struct {
 	// The other maps as written.
 	tables    map[uint32]uint64 // digest of the slots as written; 0: pinned by an earlier agent, content unknown
 	frontends map[dataplane.FrontendKey]dataplane.Frontend
-	ranges    map[dataplane.SourceRange]bool
-	usedIDs   map[uint32]bool // service port ids in use
+	// frontendsUnknown is set when a write of frontends failed: some of
+	// the batch may be in the map without being in frontends, so the
+	// next full Apply reads the map again.
+	frontendsUnknown bool
+	ranges           map[dataplane.SourceRange]bool
+	usedIDs          map[uint32]bool // service port ids in use
 	// Backend ids in use (those in addrs); the allocators
 	// resume their search where they last found a free id.
 	usedBackendIDs map[uint32]bool
@@ -171,6 +181,7 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
 		ports:    map[string]*portRecord{},
+		portOfID: map[uint32]string{},
 		addrs:    map[netip.AddrPort]backendState{},
 		tables:   map[uint32]uint64{},
 		ranges:   map[dataplane.SourceRange]bool{},
@@ -219,6 +230,12 @@ func tableID(svcID uint32, set tableSet) uint32 {
 	return svcID*2 - 1 + uint32(set)
 }
 
+// serviceOfTable is the service port id whose table id is (the inverse
+// of tableID).
+func serviceOfTable(id uint32) uint32 {
+	return (id + 1) / 2
+}
+
 // Backends returns what the backends map holds, by id: what the
 // reconciler adopted and has written since. The map is the reconciler's
 // own: read it between Applies, do not keep or change it.
@@ -263,17 +280,29 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	}
 	slices.Sort(keys) // deterministic id allocation
 	r.reserve(byKey)
+	if full && r.frontendsUnknown {
+		fes, err := r.dp.Frontends()
+		if err != nil {
+			return res, fmt.Errorf("read frontends after a failed write: %w", err)
+		}
+		r.frontends, r.frontendsUnknown = fes, false
+	}
 
-	// Compute the new records of the changed ports.
+	// Compute the new records of the changed ports; ports whose
+	// frontends do not fit get none of theirs written.
+	refused := r.fitFrontends(keys, byKey, full)
 	next := make(map[string]*portRecord, len(keys))
 	recs := make([]*portRecord, 0, len(keys))
 	for _, k := range keys {
-		if svc := byKey[k]; svc != nil {
+		switch svc := byKey[k]; {
+		case svc == nil:
+			next[k] = nil
+		case refused[k] != nil:
+			next[k] = refused[k]
+		default:
 			rec := r.record(svc)
 			next[k] = rec
 			recs = append(recs, rec)
-		} else {
-			next[k] = nil
 		}
 	}
 	r.flushIDs()
@@ -318,11 +347,7 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	oldPorts := make(map[string]*portRecord, len(next))
 	for k, rec := range next {
 		oldPorts[k] = r.ports[k]
-		if rec == nil {
-			delete(r.ports, k)
-		} else {
-			r.ports[k] = rec
-		}
+		r.setPort(k, rec)
 	}
 
 	err := r.write(ctx, touched, next, oldPorts, full, install, replacing, &res)
@@ -345,13 +370,62 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	return res, err
 }
 
-// write applies the changes in the safe order: backends, tables, ranges,
-// frontends; then deletions in reverse. The tables of fresh are being
+// write applies the changes in the safe order: frontends that go (they
+// make room for new ones), backends, tables, ranges, frontends; then the
+// other deletions in reverse. The tables of fresh are being
 // installed already; replacing are the tables to install once the
 // backends are written.
 func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, old map[string]*portRecord,
 	full bool, fresh *tableInstall, replacing tableWrites, res *Result) error {
-	// 1. Backends that are new or changed.
+	// 1. Frontends that go, first: they make room in the frontends map
+	// for those written below (fitFrontends counted on it), and nothing
+	// points at a frontend.
+	wantFrontends := map[dataplane.FrontendKey]bool{}
+	for _, rec := range next {
+		if rec != nil {
+			for k := range rec.frontends {
+				wantFrontends[k] = true
+			}
+		}
+	}
+	var dropFrontends []dataplane.FrontendKey
+	var all wantedSet
+	if full {
+		all = r.wanted()
+		for k := range r.frontends {
+			if !all.frontends[k] {
+				dropFrontends = append(dropFrontends, k)
+			}
+		}
+	} else {
+		for _, rec := range old {
+			if rec == nil {
+				continue
+			}
+			for k := range rec.frontends {
+				if !wantFrontends[k] && r.owner(k) == "" {
+					dropFrontends = append(dropFrontends, k)
+				}
+			}
+		}
+	}
+	for _, k := range dropFrontends {
+		if _, ok := r.frontends[k]; !ok {
+			continue
+		}
+		if err := r.dp.DeleteFrontend(k); err != nil {
+			return err
+		}
+		delete(r.frontends, k)
+		res.FrontendsRemoved++
+	}
+	if res.FrontendsRemoved > 0 {
+		if err := r.dp.SyncFrontendPorts(); err != nil {
+			return err
+		}
+	}
+
+	// 2. Backends that are new or changed.
 	var gone []netip.AddrPort
 	puts := make(map[uint32]dataplane.Backend, len(touched))
 	for _, ap := range touched {
@@ -374,16 +448,15 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		r.backends[id] = b
 	}
 	res.BackendsAdded += len(puts)
-	// 2. Tables, each swapped in whole.
+	// 3. Tables, each swapped in whole.
 	if err := r.awaitInstall(r.startInstall(ctx, replacing), res); err != nil {
 		return err
 	}
 	if err := r.awaitInstall(fresh, res); err != nil {
 		return err
 	}
-	// 3. Source ranges, then frontends.
+	// 4. Source ranges, then frontends.
 	wantRanges := map[dataplane.SourceRange]bool{}
-	wantFrontends := map[dataplane.FrontendKey]bool{}
 	fePuts := map[dataplane.FrontendKey]dataplane.Frontend{}
 	for _, rec := range next {
 		if rec == nil {
@@ -400,7 +473,6 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 			r.ranges[sr] = true
 		}
 		for k, v := range rec.frontends {
-			wantFrontends[k] = true
 			if cur, ok := r.frontends[k]; ok && cur == v {
 				continue
 			}
@@ -408,6 +480,7 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		}
 	}
 	if err := r.dp.PutFrontends(fePuts); err != nil {
+		r.frontendsUnknown = true
 		return err
 	}
 	for k, v := range fePuts {
@@ -415,18 +488,12 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 	}
 	res.FrontendsWritten += len(fePuts)
 
-	// Deletions: what the changed ports had and no longer have (or, on a
-	// full Apply, whatever no port wants).
-	var dropFrontends []dataplane.FrontendKey
+	// 5. The other deletions, once no frontend points at what goes:
+	// what the changed ports had and no longer have (or, on a full Apply,
+	// whatever no port wants).
 	var dropRanges []dataplane.SourceRange
 	var dropTables []uint32
 	if full {
-		all := r.wanted()
-		for k := range r.frontends {
-			if !all.frontends[k] {
-				dropFrontends = append(dropFrontends, k)
-			}
-		}
 		for sr := range r.ranges {
 			if !all.ranges[sr] {
 				dropRanges = append(dropRanges, sr)
@@ -447,36 +514,16 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 			if rec == nil {
 				continue
 			}
-			for k := range rec.frontends {
-				if !wantFrontends[k] && r.owner(k) == "" {
-					dropFrontends = append(dropFrontends, k)
-				}
-			}
 			for _, sr := range rec.ranges {
 				if !wantRanges[sr] {
 					dropRanges = append(dropRanges, sr)
 				}
 			}
 			for id := range rec.tables {
-				if !r.tableWanted(id, next) {
+				if !r.tableWanted(id) {
 					dropTables = append(dropTables, id)
 				}
 			}
-		}
-	}
-	for _, k := range dropFrontends {
-		if _, ok := r.frontends[k]; !ok {
-			continue
-		}
-		if err := r.dp.DeleteFrontend(k); err != nil {
-			return err
-		}
-		delete(r.frontends, k)
-		res.FrontendsRemoved++
-	}
-	if res.FrontendsRemoved > 0 {
-		if err := r.dp.SyncFrontendPorts(); err != nil {
-			return err
 		}
 	}
 	for _, sr := range dropRanges {
@@ -679,6 +726,23 @@ func (r *Reconciler) reserve(byKey map[string]*model.Service) {
 	r.tables = presized(r.tables, len(byKey))
 	r.usedIDs = presized(r.usedIDs, len(byKey))
 	r.ports = presized(r.ports, len(byKey))
+	r.portOfID = presized(r.portOfID, len(byKey))
+}
+
+// setPort makes rec the record of port key (nil: the port is gone),
+// keeping portOfID in step.
+func (r *Reconciler) setPort(key string, rec *portRecord) {
+	if old := r.ports[key]; old != nil && old.id != 0 && r.portOfID[old.id] == key {
+		delete(r.portOfID, old.id)
+	}
+	if rec == nil {
+		delete(r.ports, key)
+		return
+	}
+	r.ports[key] = rec
+	if rec.id != 0 {
+		r.portOfID[rec.id] = key
+	}
 }
 
 // presized returns m, or, if m is empty, an empty map with room for n.
@@ -751,35 +815,33 @@ func (r *Reconciler) use(b backend, delta int32, touched []netip.AddrPort) []net
 	return touched
 }
 
-// owner returns the port whose record holds frontend k, "" if none.
+// owner returns the port whose record holds frontend k under the
+// service id written for it, "" if none.
 func (r *Reconciler) owner(k dataplane.FrontendKey) string {
-	if v, ok := r.frontends[k]; ok {
-		for key, rec := range r.ports {
-			if rec.id == v.SvcID {
-				if _, has := rec.frontends[k]; has {
-					return key
-				}
-			}
-		}
+	v, ok := r.frontends[k]
+	if !ok || v.SvcID == 0 {
+		return ""
 	}
-	return ""
+	key, ok := r.portOfID[v.SvcID]
+	if !ok {
+		return ""
+	}
+	if _, has := r.ports[key].frontends[k]; !has {
+		return ""
+	}
+	return key
 }
 
-func (r *Reconciler) tableWanted(id uint32, next map[string]*portRecord) bool {
-	for _, rec := range next {
-		if rec != nil {
-			if _, ok := rec.tables[id]; ok {
-				return true
-			}
-		}
+// tableWanted reports whether a port's record (the changed ports' new
+// ones are in r.ports already) holds table id. Tables are per service
+// port id, so only the port with that id can.
+func (r *Reconciler) tableWanted(id uint32) bool {
+	key, ok := r.portOfID[serviceOfTable(id)]
+	if !ok {
+		return false
 	}
-	// Tables are per service port id; an unchanged port keeps its own.
-	for _, rec := range r.ports {
-		if _, ok := rec.tables[id]; ok {
-			return true
-		}
-	}
-	return false
+	_, has := r.ports[key].tables[id]
+	return has
 }
 
 type wantedSet struct {
@@ -803,6 +865,140 @@ func (r *Reconciler) wanted() wantedSet {
 		}
 	}
 	return w
+}
+
+// fitFrontends decides which of the ports in keys (those this Apply
+// changes; a nil Service is a port that goes) get their frontends
+// written, so that the frontends map never has to take more than it
+// holds: a write that fails half-way would leave frontends in the map
+// that no record owns. It returns the record of each port refused: its
+// previous record, when that is in the map whole (the port stays as it
+// was), else one with no frontends (the port is not programmed); either
+// reports the port in its problems.
+//
+// The frontends of ports that go make room first (write deletes them
+// before it writes any), then ports with frontends in the map take
+// theirs before new ports do, so that a full Apply does not swap a
+// programmed port for a new one; within each, in the order of keys.
+func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, full bool) map[string]*portRecord {
+	capacity := int(r.dp.FrontendCapacity())
+	// moved overrides, for the frontends this Apply moves, which port
+	// holds each once it is written ("" for none).
+	moved := map[dataplane.FrontendKey]string{}
+	// holder reports whether frontend k will be in the map as far as
+	// decided yet, and which port holds it ("" for a frontend no port
+	// owns, which only a full Apply deletes).
+	holder := func(k dataplane.FrontendKey) (string, bool) {
+		if port, ok := moved[k]; ok {
+			return port, port != ""
+		}
+		if _, ok := r.frontends[k]; !ok {
+			return "", false
+		}
+		port := r.owner(k)
+		return port, port != "" || !full
+	}
+	used := len(r.frontends)
+	if full {
+		used = 0
+		for k := range r.frontends {
+			if _, ok := holder(k); ok {
+				used++
+			}
+		}
+	}
+	// inMap lists the frontends of rec that port holds in the map.
+	inMap := func(port string, rec *portRecord) []dataplane.FrontendKey {
+		var out []dataplane.FrontendKey
+		if rec != nil {
+			for k := range rec.frontends {
+				if p, ok := holder(k); ok && p == port {
+					out = append(out, k)
+				}
+			}
+		}
+		return out
+	}
+	release := func(ks []dataplane.FrontendKey) {
+		for _, k := range ks {
+			moved[k] = ""
+		}
+		used -= len(ks)
+	}
+
+	var order []string
+	programmed := map[string]bool{}
+	for _, k := range keys {
+		if byKey[k] == nil {
+			release(inMap(k, r.ports[k]))
+			continue
+		}
+		order = append(order, k)
+		programmed[k] = len(inMap(k, r.ports[k])) > 0
+	}
+	slices.SortStableFunc(order, func(a, b string) int {
+		switch {
+		case programmed[a] && !programmed[b]:
+			return -1
+		case programmed[b] && !programmed[a]:
+			return 1
+		}
+		return 0
+	})
+
+	refused := map[string]*portRecord{}
+	want := map[dataplane.FrontendKey]bool{} // the frontends of one port
+	for _, k := range order {
+		old := r.ports[k]
+		held := inMap(k, old)
+		clear(want)
+		added := 0
+		for _, f := range byKey[k].Frontends {
+			fk := frontendKey(f)
+			if want[fk] {
+				continue
+			}
+			want[fk] = true
+			if _, ok := holder(fk); !ok {
+				added++
+			}
+		}
+		freed := 0
+		for _, fk := range held {
+			if !want[fk] {
+				freed++
+			}
+		}
+		if used+added-freed <= capacity {
+			for _, fk := range held {
+				if !want[fk] {
+					moved[fk] = ""
+				}
+			}
+			for fk := range want {
+				moved[fk] = k
+			}
+			used += added - freed
+			continue
+		}
+		problem := fmt.Sprintf("service port %s not programmed: its %d frontends do not fit in the frontends map of %d (raise --frontends-max)",
+			k, len(want), capacity)
+		if old != nil && len(old.frontends) > 0 && len(held) == len(old.frontends) {
+			// Its previous version stays, frontends, tables and all.
+			kept := *old
+			kept.problems = []string{fmt.Sprintf("service port %s not updated: its %d frontends do not fit in the frontends map of %d "+
+				"(raise --frontends-max); its previous %d stay", k, len(want), capacity, len(old.frontends))}
+			refused[k] = &kept
+			continue
+		}
+		release(held)
+		refused[k] = &portRecord{
+			frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
+			tables:    map[uint32]*tableRecord{},
+			problems:  []string{problem},
+		}
+	}
+	return refused
 }
 
 // release returns ids allocated for records that will not be applied.

@@ -23,7 +23,7 @@ var (
 )
 
 // newDatapath loads a small datapath; resize, if given, changes its sizes.
-func newDatapath(t *testing.T, resize ...func(*loader.Options)) *dataplane.Dataplane {
+func newDatapath(t testing.TB, resize ...func(*loader.Options)) *dataplane.Dataplane {
 	t.Helper()
 	opts := loadertest.SmallOptions(testenv.BPFFS(t))
 	opts.ServicesMax = 16 // as config() says

@@ -81,9 +81,10 @@ func TestRetryWritesTablesAnInterruptedInstallLeftOut(t *testing.T) {
 	}
 }
 
-// A port removed in a sync whose write fails (here another port has more
-// frontends than the map holds) must not keep its service id: the full
-// Apply that follows releases it, so ids do not run out over such failures.
+// A port removed in a sync whose write fails (here frontends written
+// behind the reconciler's back fill the map, as a write that failed
+// half-way leaves them) must not keep its service id: the full Apply that
+// follows releases it, so ids do not run out over such failures.
 func TestFailedWriteDoesNotLeakServiceIDs(t *testing.T) {
 	dp := newDatapath(t)
 	cfg := config()
@@ -93,13 +94,7 @@ func TestFailedWriteDoesNotLeakServiceIDs(t *testing.T) {
 	}
 	base := web(ep("10.244.1.10", false, true))
 	apply(t, r, base)
-	tooBig := web(ep("10.244.1.11", false, true))
-	tooBig.Name = "too-big"
-	tooBig.Frontends = nil
-	for i := 0; i < 300; i++ { // the test datapath holds 256 frontends
-		tooBig.Frontends = append(tooBig.Frontends, model.Frontend{Addr: netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}),
-			Port: 80, Protocol: model.TCP, Kind: model.ExternalIP})
-	}
+	added := fePort("added", 1, 2)
 	for i := 0; i < int(cfg.ServicesMax); i++ {
 		temp := web(ep("10.244.1.12", false, true))
 		temp.Name = fmt.Sprintf("temp%d", i)
@@ -107,9 +102,18 @@ func TestFailedWriteDoesNotLeakServiceIDs(t *testing.T) {
 		if _, err := r.ApplyChanges(context.Background(), map[string]*model.Service{temp.Key(): &temp}); err != nil {
 			t.Fatal(err)
 		}
-		_, err := r.ApplyChanges(context.Background(), map[string]*model.Service{temp.Key(): nil, tooBig.Key(): &tooBig})
+		// Fill the map: the test datapath holds 256 frontends.
+		strays := map[dataplane.FrontendKey]dataplane.Frontend{}
+		for j := 0; j < 256-len(base.Frontends)-1; j++ {
+			strays[dataplane.FrontendKey{Addr: netip.AddrFrom4([4]byte{198, 51, byte(j >> 8), byte(j)}), Port: 80,
+				Proto: dataplane.TCP}] = dataplane.Frontend{SvcID: 9}
+		}
+		if err := dp.PutFrontends(strays); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.ApplyChanges(context.Background(), map[string]*model.Service{temp.Key(): nil, added.Key(): &added})
 		if err == nil {
-			t.Fatal("a port with more frontends than the map holds was written")
+			t.Fatal("frontends written into a full map")
 		}
 		if res, err := r.Apply(context.Background(), model.State{Services: []model.Service{base}}); err != nil || len(res.Problems) > 0 {
 			t.Fatalf("round %d: full Apply after the failure: %v %v", i, err, res.Problems)
@@ -121,5 +125,8 @@ func TestFailedWriteDoesNotLeakServiceIDs(t *testing.T) {
 	}
 	if len(names) != 1 {
 		t.Errorf("one port programmed, %d service ids named: %v", len(names), names)
+	}
+	if fes, err := dp.Frontends(); err != nil || len(fes) != len(base.Frontends) {
+		t.Errorf("%d frontends in the map (%v), want the %d of the one port programmed", len(fes), err, len(base.Frontends))
 	}
 }
