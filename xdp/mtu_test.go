@@ -3,11 +3,13 @@ package xdp_test
 import (
 	"bytes"
 	"encoding/binary"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/tests/packet"
 )
 
@@ -233,6 +235,160 @@ func TestTooBigPacketsThroughTCTellTheSenderTheMTU(t *testing.T) {
 			}
 			if !bytes.Equal(out.Payload, in.IPv4Header()) {
 				t.Errorf("quote\n got %x\nwant the packet as it arrived %x", out.Payload, in.IPv4Header())
+			}
+		})
+	}
+}
+
+// answeredTooBig reports whether a frame is an ICMP fragmentation needed,
+// and the MTU it gives.
+func answeredTooBig(t *testing.T, raw []byte) (bool, uint16) {
+	t.Helper()
+	out := decode(t, raw)
+	if out.Proto == packet.ICMP && out.ICMPType == 3 && out.ICMPCode == 4 {
+		return true, binary.BigEndian.Uint16(out.ICMPRest[2:4])
+	}
+	return false, 0
+}
+
+// addL3Device gives the fixture a device without a link-layer header (a
+// tun, like the IPIP or WireGuard devices of overlays) routing
+// 10.244.3.0/24, with its neighbour entry made by sending through it.
+func addL3Device(t *testing.T, f *fixture) {
+	t.Helper()
+	f.ns.IP("tuntap", "add", "dev", "tun0", "mode", "tun")
+	f.ns.IP("link", "set", "tun0", "up")
+	f.ns.IP("route", "add", "10.244.3.0/24", "dev", "tun0")
+	err := f.ns.Do(func() error {
+		c, err := net.Dial("udp4", "10.244.3.10:9")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("x"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send through tun0: %v", err)
+	}
+}
+
+// What is measured against what: a packet is measured by its IPv4 length
+// (an L3 device has no Ethernet header to count), against the route's MTU
+// where a route is looked up, and a vanished device is no reason to answer.
+func TestTooBigMeasuresTheRightThings(t *testing.T) {
+	l3Backend := dataplane.Backend{Addr: netip.MustParseAddr("10.244.3.10"), Port: podPort}
+	gone := dataplane.Backend{Addr: netip.MustParseAddr("10.244.4.10"), Port: podPort, Local: true}
+	unresolved := dataplane.Backend{Addr: netip.MustParseAddr("10.244.2.10"), Port: podPort}
+	full := strings.Repeat("x", 1500-40) // exactly a 1500 MTU
+	big := strings.Repeat("x", 1280)     // 1320 bytes of IPv4
+
+	podSend := func(f *fixture, payload string, flags uint8) (uint32, []byte) {
+		in := tcpFrame(podAddr, 34567, clusterIP, 80, flags, payload)
+		in.SrcMAC = localPodMAC
+		return f.runTC(f.dp.PodProgram(), in.Bytes(), f.pod0)
+	}
+	for _, tc := range []struct {
+		name    string
+		prepare func(t *testing.T, f *fixture)
+		send    func(f *fixture) (verdict uint32, out []byte)
+		tooBig  bool
+		newFlow bool   // the packet starts its flow
+		counter string // the counter the packet ends in
+	}{
+		{
+			name: "XDP, cached hop on an L3 device, exactly its MTU",
+			prepare: func(t *testing.T, f *fixture) {
+				addL3Device(t, f)
+				s := webService()
+				s.backends, s.table = map[uint32]dataplane.Backend{1: l3Backend}, []uint32{1}
+				f.program(s)
+				f.run(tcpFrame(clientAddr, 41000, nodeAddr, nodePort, packet.SYN, "").Bytes(), f.nic0)
+			},
+			send: func(f *fixture) (uint32, []byte) {
+				r := f.run(tcpFrame(clientAddr, 41000, nodeAddr, nodePort, packet.ACK, full).Bytes(), f.nic0)
+				return r.verdict, r.out
+			},
+			counter: "pass_to_stack", // a tun is no XDP target
+		},
+		{
+			name: "TC, new flow over an L3 device, exactly its MTU",
+			prepare: func(t *testing.T, f *fixture) {
+				addL3Device(t, f)
+				f.program(clusterService(packet.TCP, 80, l3Backend))
+			},
+			send:    func(f *fixture) (uint32, []byte) { return podSend(f, full, packet.ACK) },
+			newFlow: true, counter: "tc_redirect",
+		},
+		{
+			name: "TC, cached hop on an L3 device, exactly its MTU",
+			prepare: func(t *testing.T, f *fixture) {
+				addL3Device(t, f)
+				f.program(clusterService(packet.TCP, 80, l3Backend))
+				podSend(f, "", packet.SYN)
+			},
+			send:    func(f *fixture) (uint32, []byte) { return podSend(f, full, packet.ACK) },
+			counter: "tc_redirect",
+		},
+		{
+			name: "XDP, new flow, route MTU below the device's",
+			prepare: func(t *testing.T, f *fixture) {
+				f.ns.IP("route", "replace", "10.244.1.0/24", "via", "10.1.0.2", "mtu", "lock", "1280")
+				s := webService()
+				s.backends, s.table = map[uint32]dataplane.Backend{1: backendRemote1}, []uint32{1}
+				f.program(s)
+			},
+			send: func(f *fixture) (uint32, []byte) {
+				r := f.run(tcpFrame(clientAddr, 41001, nodeAddr, nodePort, packet.ACK, big).Bytes(), f.nic0)
+				return r.verdict, r.out
+			},
+			tooBig: true, newFlow: true, counter: "reject_too_big",
+		},
+		{
+			name: "TC, new flow, route MTU below the device's",
+			prepare: func(t *testing.T, f *fixture) {
+				f.ns.IP("route", "replace", "10.244.1.0/24", "via", "10.1.0.2", "mtu", "lock", "1280")
+				f.program(clusterService(packet.TCP, 80, backendRemote1))
+			},
+			send:   func(f *fixture) (uint32, []byte) { return podSend(f, big, packet.ACK) },
+			tooBig: true, newFlow: true, counter: "reject_too_big",
+		},
+		{
+			name: "TC, next hop unresolved",
+			prepare: func(t *testing.T, f *fixture) {
+				f.ns.IP("link", "set", "nic1", "mtu", "1280")
+				f.program(clusterService(packet.TCP, 80, unresolved))
+			},
+			send:   func(f *fixture) (uint32, []byte) { return podSend(f, big, packet.ACK) },
+			tooBig: true, newFlow: true, counter: "reject_too_big",
+		},
+		{
+			name: "TC, cached hop's device gone",
+			prepare: func(t *testing.T, f *fixture) {
+				f.ns.IP("link", "add", "pod1", "type", "veth", "peer", "name", "pod1p")
+				f.ns.IP("link", "set", "pod1p", "up")
+				f.ns.IP("link", "set", "pod1", "up")
+				f.ns.IP("route", "add", "10.244.4.0/24", "dev", "pod1")
+				f.ns.IP("neigh", "add", "10.244.4.10", "lladdr", "02:0d:00:00:00:06", "dev", "pod1", "nud", "permanent")
+				f.program(clusterService(packet.TCP, 80, gone))
+				podSend(f, "", packet.SYN)
+				f.ns.IP("link", "del", "pod1")
+			},
+			send:    func(f *fixture) (uint32, []byte) { return podSend(f, big, packet.ACK) },
+			counter: "drop_no_route", // routed afresh: the route went with the device
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			tc.prepare(t, f)
+			want := map[string]uint64{tc.counter: 1}
+			if tc.newFlow {
+				want["new_flow"] = 1
+			}
+			var out []byte
+			f.expectCounters(want, func() { _, out = tc.send(f) })
+			if tooBig, mtu := answeredTooBig(t, out); tooBig != tc.tooBig {
+				t.Errorf("answered with fragmentation needed: %v (MTU %d), want %v", tooBig, mtu, tc.tooBig)
 			}
 		})
 	}

@@ -12,7 +12,9 @@
  *     first one's translation is remembered for the rest of the datagram),
  *     and everything when XDP is off;
  *   - replies from remote backends to flows started by this node's pods
- *     and host (their ports are outside the SNAT range XDP watches).
+ *     and host (their ports are outside the SNAT range XDP watches);
+ *   - ICMP errors about translated flows that XDP did not translate (see
+ *     icmp.h).
  * Everything else continues to the next program or the stack.
  */
 #include "include/common.h"
@@ -45,6 +47,8 @@ int xdplb_nic_ingress(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
+	if (pkt.proto == IPPROTO_ICMP)
+		return tc_icmp_error(skb, &pkt);
 	if (pkt.proto != IPPROTO_TCP && pkt.proto != IPPROTO_UDP)
 		return TC_ACT_UNSPEC;
 	cfg = config_get();

@@ -13,6 +13,9 @@
  *     DNATed, keeping the pod's address; a pod reaching itself through its
  *     own service is SNATed to the hairpin address. A service without a
  *     usable backend refuses the pod at once.
+ *   - An ICMP error a pod sends about a translated flow (a local backend's
+ *     port unreachable to its client, a client pod's about a reply) is
+ *     translated for the other end (see icmp.h).
  * Everything else continues to the next program or the stack.
  */
 #include "include/common.h"
@@ -37,6 +40,8 @@ int xdplb_pod(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
+	if (pkt.proto == IPPROTO_ICMP)
+		return tc_icmp_error(skb, &pkt);
 	if (pkt.proto != IPPROTO_TCP && pkt.proto != IPPROTO_UDP)
 		return TC_ACT_UNSPEC;
 	ret = tc_try_reply(skb, &pkt);

@@ -162,19 +162,19 @@ static __always_inline int serve_reply(struct xdp_md *ctx, struct packet *pkt,
 				  rev->client_addr, rev->client_port);
 }
 
+/* An ICMP error about a translated flow (see icmp.h). */
 static __always_inline int serve_icmp(struct xdp_md *ctx, struct packet *pkt)
 {
 	struct bpf_fib_lookup fib;
+	struct icmp_rewrite rw;
 	struct icmp_quote *quote;
-	struct nat_entry *rev;
-	struct nat_key key;
 	int fib_rc;
 
-	quote = icmp_error_flow(pkt, &key, &rev);
-	if (!quote)
+	quote = icmp_error_quote(pkt);
+	if (!quote || icmp_error_lookup(pkt, quote, &rw))
 		return pass(STAT_PASS_ICMP, pkt->len);
-	fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, rev->client_addr, &fib);
-	icmp_error_translate(pkt, quote, rev);
+	fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, rw.daddr, &fib);
+	icmp_error_rewrite(pkt, quote, &rw);
 	count(STAT_ICMP_TRANSLATED, pkt->len);
 	return xdp_forward(ctx, pkt, &fib, fib_rc, NULL);
 }

@@ -190,12 +190,10 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	if (pkt->proto == IPPROTO_TCP)
 		fresh->tcp_state = ct_tcp_next_state(0, pkt->tcp_flags);
 
-	/* Routed without an MTU check, which the hooks make themselves
-	 * (XDP against the egress device, hop_mtu_exceeded; TC through the
-	 * kernel, which measures a GSO packet by its segments). */
-	fib_params_ipv4(ifindex, pkt, fresh->backend_addr, &res->fib);
-	res->fib.tot_len = 0;
-	res->fib_rc = bpf_fib_lookup(ctx, &res->fib, sizeof(res->fib), 0);
+	/* With the packet's length, so the route's MTU is checked: a packet
+	 * too big (or a GSO packet, from TC) caches no next hop, and the hook
+	 * routes it again, answering or measuring it by its segments. */
+	res->fib_rc = fib_lookup_ipv4(ctx, ifindex, pkt, fresh->backend_addr, &res->fib);
 	if (res->fib_rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		fresh->hop.ifindex = res->fib.ifindex;
 		__builtin_memcpy(fresh->hop.dmac, res->fib.dmac, ETH_ALEN);

@@ -66,12 +66,16 @@ static __always_inline void next_hop_from_fib(struct next_hop *hop, const struct
 /*
  * The MTU of the cached next hop's device when the packet, as it is (a
  * translation does not change its size), is too big for it; 0 when it
- * fits. XDP_TX leaves by the device the packet came in on, which it fitted.
+ * fits or cannot be measured (the redirect then fails and hands it on).
+ * XDP_TX leaves by the device the packet came in on, which it fitted. The
+ * packet is measured by its IPv4 length, as the route lookup does: the
+ * frame's length would count an Ethernet header that an L3 device (a
+ * tunnel) does not have.
  */
 static __always_inline __u32 hop_mtu_exceeded(struct xdp_md *ctx, const struct packet *pkt,
 					      const struct next_hop *hop)
 {
-	__u32 mtu = 0;
+	__u32 mtu = pkt->tot_len;
 
 	if (pkt->tot_len <= MTU_CHECK_MIN || hop->ifindex == ctx->ingress_ifindex)
 		return 0;

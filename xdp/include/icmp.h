@@ -1,12 +1,22 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * icmp.h - ICMP errors about translated flows.
+ * icmp.h - ICMP errors about translated flows, the same for both hooks.
  *
- * A router or backend that cannot deliver a packet xdplb sent (for example
- * "fragmentation needed" for path MTU discovery) reports it to the packet's
- * source: the node's SNAT address. The quoted packet is looked up as if it
- * were a reply; on a match the error is rewritten to quote the packet the
- * client actually sent and is forwarded to the client.
+ * Whoever cannot deliver a packet xdplb translated (a router on the way,
+ * the backend or client itself: "fragmentation needed" for path MTU
+ * discovery, "port unreachable") reports it to the packet's source, quoting
+ * the packet as it was sent on. Two kinds are translated back:
+ *
+ *   - about a packet sent towards a backend: addressed to the node's SNAT
+ *     address (or the client itself, without SNAT), the quote is looked up
+ *     as a reply would be; the error is rewritten to quote the packet the
+ *     client sent and goes to the client;
+ *   - about a reply sent to a client: addressed to the frontend, the quote
+ *     is looked up as the client's own flow; the error is rewritten to
+ *     quote the reply as the backend sent it and goes to the backend.
+ *
+ * Only the quote's first 8 bytes after its IPv4 header (the ports, and the
+ * UDP checksum) are rewritten; a quote with IP options is left alone.
  */
 #ifndef XDPLB_ICMP_H
 #define XDPLB_ICMP_H
@@ -25,18 +35,27 @@ struct icmp_quote {
 	__be16 check_or_seq_lo; /* UDP checksum, or lower half of the TCP sequence */
 };
 
+/* The addresses and ports an ICMP error is rewritten to. */
+struct icmp_rewrite {
+	__be32 saddr;       /* the error's own source */
+	__be32 daddr;       /* and destination */
+	__be32 quote_saddr; /* the quoted packet's */
+	__be32 quote_daddr;
+	__be16 quote_sport;
+	__be16 quote_dport;
+};
+
 static __always_inline int icmp_is_error(const struct icmphdr *icmp)
 {
 	return icmp->type == ICMP_DEST_UNREACH || icmp->type == ICMP_TIME_EXCEEDED;
 }
 
 /*
- * Look up the flow an ICMP error quotes. Returns the quote, or NULL when the
- * packet is not an error about a flow with reverse NAT state.
+ * The quote of an ICMP error about a TCP or UDP packet whose source the
+ * error is addressed to (anything else is no error about our packets), or
+ * NULL.
  */
-static __always_inline struct icmp_quote *icmp_error_flow(const struct packet *pkt,
-							  struct nat_key *key,
-							  struct nat_entry **entry)
+static __always_inline struct icmp_quote *icmp_error_quote(const struct packet *pkt)
 {
 	struct icmphdr *icmp = pkt->l4;
 	struct icmp_quote *quote;
@@ -49,68 +68,127 @@ static __always_inline struct icmp_quote *icmp_error_flow(const struct packet *p
 	if (quote->ip.version != 4 || quote->ip.ihl != 5 ||
 	    (quote->ip.protocol != IPPROTO_TCP && quote->ip.protocol != IPPROTO_UDP))
 		return NULL;
-	/* The quoted packet was sent by us to the backend; the error is
-	 * addressed to its source. */
 	if (quote->ip.saddr != pkt->daddr)
 		return NULL;
-
-	key->saddr = quote->ip.daddr;
-	key->daddr = quote->ip.saddr;
-	key->sport = quote->dport;
-	key->dport = quote->sport;
-	key->proto = quote->ip.protocol;
-	key->pad[0] = key->pad[1] = key->pad[2] = 0;
-	*entry = reverse_lookup(key);
-	return *entry ? quote : NULL;
+	return quote;
 }
 
-/* Rewrite an ICMP error so that it quotes the client's own packet. */
-static __always_inline void icmp_error_translate(struct packet *pkt, struct icmp_quote *quote,
-						 const struct nat_entry *entry)
+/* An error about a packet sent towards a backend: the quote is a reply
+ * tuple reversed. 0 and *rw filled when it is one of ours. */
+static __always_inline int icmp_about_forward(const struct packet *pkt,
+					      const struct icmp_quote *quote,
+					      struct icmp_rewrite *rw)
+{
+	struct nat_entry *entry;
+	struct nat_key key = {
+		.saddr = quote->ip.daddr,
+		.daddr = quote->ip.saddr,
+		.sport = quote->dport,
+		.dport = quote->sport,
+		.proto = quote->ip.protocol,
+	};
+
+	entry = reverse_lookup(&key);
+	if (!entry)
+		return -1;
+	rw->quote_saddr = entry->client_addr;
+	rw->quote_sport = entry->client_port;
+	rw->quote_daddr = entry->frontend_addr;
+	rw->quote_dport = entry->frontend_port;
+	rw->daddr = entry->client_addr;
+	/* From the backend itself, the error now comes from the frontend. */
+	rw->saddr = pkt->saddr == quote->ip.daddr ? entry->frontend_addr : pkt->saddr;
+	return 0;
+}
+
+/* An error about a reply sent to a client: the quote is the client's flow
+ * reversed. 0 and *rw filled when it is one of ours. */
+static __always_inline int icmp_about_reply(const struct packet *pkt,
+					    const struct icmp_quote *quote,
+					    struct icmp_rewrite *rw)
+{
+	struct ct_entry *ct;
+	struct ct_key flow = {
+		.saddr = quote->ip.daddr,
+		.daddr = quote->ip.saddr,
+		.sport = quote->dport,
+		.dport = quote->sport,
+		.proto = quote->ip.protocol,
+	};
+
+	ct = bpf_map_lookup_elem(&conntrack, &flow);
+	if (!ct)
+		return -1;
+	rw->quote_saddr = ct->backend_addr;
+	rw->quote_sport = ct->backend_port;
+	rw->quote_daddr = quote->ip.daddr;
+	rw->quote_dport = quote->dport;
+	rw->saddr = pkt->saddr;
+	if (ct->flags & CT_F_SNAT) {
+		rw->quote_daddr = ct->nat_addr;
+		rw->quote_dport = ct->nat_port;
+		/* From the client itself, the error now comes from the
+		 * address the backend knows its peer by. */
+		if (pkt->saddr == quote->ip.daddr)
+			rw->saddr = ct->nat_addr;
+	}
+	rw->daddr = ct->backend_addr;
+	return 0;
+}
+
+/* What to rewrite an ICMP error about a translated flow to: 0 and *rw
+ * filled, or -1 when the error is about none of ours. */
+static __always_inline int icmp_error_lookup(const struct packet *pkt,
+					     const struct icmp_quote *quote,
+					     struct icmp_rewrite *rw)
+{
+	if (icmp_about_forward(pkt, quote, rw) == 0)
+		return 0;
+	return icmp_about_reply(pkt, quote, rw);
+}
+
+/* Rewrite an ICMP error as icmp_error_lookup said, with every checksum it
+ * carries (the error's IPv4 header, the ICMP checksum over the quote, the
+ * quoted IPv4 header and a quoted UDP checksum). */
+static __always_inline void icmp_error_rewrite(struct packet *pkt, struct icmp_quote *quote,
+					       const struct icmp_rewrite *rw)
 {
 	struct iphdr *ip = pkt->ip;
 	struct icmphdr *icmp = pkt->l4;
 	__u32 quote_ip_delta = 0, icmp_delta, outer_delta = 0;
 	__u16 old_ip_check, l4_check;
-	__be32 new_outer_saddr = ip->saddr;
 
-	/* The quoted header: client -> frontend, as the client sent it. */
-	quote_ip_delta = csum_delta32(quote_ip_delta, quote->ip.saddr, entry->client_addr);
-	quote_ip_delta = csum_delta32(quote_ip_delta, quote->ip.daddr, entry->frontend_addr);
+	quote_ip_delta = csum_delta32(quote_ip_delta, quote->ip.saddr, rw->quote_saddr);
+	quote_ip_delta = csum_delta32(quote_ip_delta, quote->ip.daddr, rw->quote_daddr);
 	old_ip_check = quote->ip.check;
 	quote->ip.check = csum_apply(old_ip_check, quote_ip_delta);
 
 	icmp_delta = csum_delta16(quote_ip_delta, old_ip_check, quote->ip.check);
-	icmp_delta = csum_delta16(icmp_delta, quote->sport, entry->client_port);
-	icmp_delta = csum_delta16(icmp_delta, quote->dport, entry->frontend_port);
+	icmp_delta = csum_delta16(icmp_delta, quote->sport, rw->quote_sport);
+	icmp_delta = csum_delta16(icmp_delta, quote->dport, rw->quote_dport);
 
 	if (quote->ip.protocol == IPPROTO_UDP && quote->check_or_seq_lo != 0) {
-		__u32 udp_delta = csum_delta16(quote_ip_delta, quote->sport, entry->client_port);
+		__u32 udp_delta = csum_delta16(quote_ip_delta, quote->sport, rw->quote_sport);
 
-		udp_delta = csum_delta16(udp_delta, quote->dport, entry->frontend_port);
+		udp_delta = csum_delta16(udp_delta, quote->dport, rw->quote_dport);
 		l4_check = csum_apply_udp(quote->check_or_seq_lo, udp_delta);
 		icmp_delta = csum_delta16(icmp_delta, quote->check_or_seq_lo, l4_check);
 		quote->check_or_seq_lo = l4_check;
 	}
 
-	/* The error now comes from the frontend if the backend itself sent
-	 * it, and goes to the client. */
-	if (ip->saddr == quote->ip.daddr)
-		new_outer_saddr = entry->frontend_addr;
-
-	quote->ip.saddr = entry->client_addr;
-	quote->ip.daddr = entry->frontend_addr;
-	quote->sport = entry->client_port;
-	quote->dport = entry->frontend_port;
+	quote->ip.saddr = rw->quote_saddr;
+	quote->ip.daddr = rw->quote_daddr;
+	quote->sport = rw->quote_sport;
+	quote->dport = rw->quote_dport;
 	icmp->checksum = csum_apply(icmp->checksum, icmp_delta);
 
-	outer_delta = csum_delta32(outer_delta, ip->saddr, new_outer_saddr);
-	outer_delta = csum_delta32(outer_delta, ip->daddr, entry->client_addr);
+	outer_delta = csum_delta32(outer_delta, ip->saddr, rw->saddr);
+	outer_delta = csum_delta32(outer_delta, ip->daddr, rw->daddr);
 	ip->check = csum_apply(ip->check, outer_delta);
-	ip->saddr = new_outer_saddr;
-	ip->daddr = entry->client_addr;
-	pkt->saddr = new_outer_saddr;
-	pkt->daddr = entry->client_addr;
+	ip->saddr = rw->saddr;
+	ip->daddr = rw->daddr;
+	pkt->saddr = rw->saddr;
+	pkt->daddr = rw->daddr;
 }
 
 #endif /* XDPLB_ICMP_H */

@@ -111,8 +111,10 @@ static __always_inline int xdp_reply_tcp_rst(struct xdp_md *ctx, struct packet *
 	struct iphdr *ip = pkt->ip;
 	struct tcphdr *tcp = pkt->l4;
 
-	if ((void *)(tcp + 1) > pkt->data_end)
+	if ((void *)(tcp + 1) > pkt->data_end) {
+		count(STAT_DROP_ADJUST, pkt->len);
 		return XDP_DROP;
+	}
 	swap_macs(pkt->eth);
 	tcp_rst_init(ip, tcp, pkt, tcp->seq, tcp->ack_seq,
 		     bpf_ntohs(ip->tot_len) - sizeof(*ip) - tcp->doff * 4);

@@ -126,18 +126,48 @@ static __always_inline int skb_decrease_ttl(struct __sk_buff *skb)
 }
 
 /*
+ * Is the packet too big for device ifindex? Measured by its IPv4 length
+ * (not the frame's: an L3 device, a tunnel, has no Ethernet header), a GSO
+ * packet by its segments. Returns 1 with *mtu the device's MTU when it is,
+ * 0 when it fits, and -1 when the device cannot be measured (gone).
+ */
+static __always_inline int skb_too_big_for(struct __sk_buff *skb, const struct packet *pkt,
+					   __u32 ifindex, __u32 *mtu)
+{
+	long rc;
+
+	/* The kernel takes a length to measure, or measures segments. */
+	if (skb->gso_size) {
+		*mtu = 0;
+		rc = bpf_check_mtu(skb, ifindex, mtu, 0, BPF_MTU_CHK_SEGS);
+	} else {
+		*mtu = pkt->tot_len;
+		rc = bpf_check_mtu(skb, ifindex, mtu, 0, 0);
+	}
+	if (rc == BPF_MTU_CHK_RET_SUCCESS)
+		return 0;
+	if (rc == BPF_MTU_CHK_RET_FRAG_NEEDED || rc == BPF_MTU_CHK_RET_SEGS_TOOBIG)
+		return 1;
+	return -1;
+}
+
+/*
  * Route a packet as it will leave once translated (from saddr:sport to
- * daddr:dport), as if it arrived on ifindex, and check that it fits the
- * egress device: the flow's cached next hop (cache, may be NULL), or a FIB
- * lookup. Returns a BPF_FIB_LKUP_RET_* code; fib->ifindex is the egress
- * device, and on BPF_FIB_LKUP_RET_FRAG_NEEDED fib->mtu_result its MTU. A
- * GSO packet is measured by its segments.
+ * daddr:dport), as if it arrived on ifindex, and check that it fits: the
+ * flow's cached next hop (cache, may be NULL; dropped when its device is
+ * gone) against its device's MTU, or a FIB lookup, which checks the
+ * route's MTU too. A GSO packet (a pod's TCP sends them far larger than
+ * the MTU) is routed without its length and measured by its segments
+ * against the device. Returns a BPF_FIB_LKUP_RET_* code; fib->ifindex is
+ * the egress device, and on BPF_FIB_LKUP_RET_FRAG_NEEDED fib->mtu_result
+ * the MTU to tell the sender.
  */
 static __always_inline int skb_route(struct __sk_buff *skb, const struct packet *pkt, __u32 ifindex,
 				     __be32 saddr, __be16 sport, __be32 daddr, __be16 dport,
-				     const struct next_hop *cache, struct bpf_fib_lookup *fib)
+				     struct next_hop *cache, struct bpf_fib_lookup *fib)
 {
 	__u32 mtu = 0;
+	int rc;
 
 	/* A flow's egress device, cached once a second like XDP's next
 	 * hop; the kernel resolves the neighbour itself. */
@@ -145,21 +175,30 @@ static __always_inline int skb_route(struct __sk_buff *skb, const struct packet 
 		fib->ifindex = cache->ifindex;
 		if (skb->len <= MTU_CHECK_MIN)
 			return BPF_FIB_LKUP_RET_SUCCESS;
-		if (bpf_check_mtu(skb, cache->ifindex, &mtu, 0, BPF_MTU_CHK_SEGS) ==
-		    BPF_MTU_CHK_RET_SUCCESS)
+		switch (skb_too_big_for(skb, pkt, cache->ifindex, &mtu)) {
+		case 0:
 			return BPF_FIB_LKUP_RET_SUCCESS;
-		fib->mtu_result = mtu;
-		return BPF_FIB_LKUP_RET_FRAG_NEEDED;
+		case 1:
+			fib->mtu_result = mtu;
+			return BPF_FIB_LKUP_RET_FRAG_NEEDED;
+		default:
+			cache->ifindex = 0;
+			break;
+		}
 	}
-	/* Without tot_len the kernel checks the skb itself against the
-	 * egress MTU, a GSO packet (a pod's TCP sends them far larger than
-	 * the MTU) by the size of its segments. */
 	fib_params_ipv4(ifindex, pkt, daddr, fib);
 	fib->ipv4_src = saddr;
 	fib->sport = sport;
 	fib->dport = dport;
-	fib->tot_len = 0;
-	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	if (skb->gso_size)
+		fib->tot_len = 0;
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	if (skb->gso_size && (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
+	    skb_too_big_for(skb, pkt, fib->ifindex, &mtu) == 1) {
+		fib->mtu_result = mtu;
+		return BPF_FIB_LKUP_RET_FRAG_NEEDED;
+	}
+	return rc;
 }
 
 /*

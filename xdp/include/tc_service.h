@@ -14,6 +14,7 @@
 #include "flow.h"
 #include "skb.h"
 #include "frag.h"
+#include "icmp.h"
 
 /*
  * Translate a packet of a flow of service svc_id and send it on, to the
@@ -139,6 +140,21 @@ static __always_inline int tc_later_fragment(struct __sk_buff *skb, struct packe
 		count(STAT_DROP_ADJUST, skb->len);
 		return TC_ACT_SHOT;
 	}
+	return skb_forward(skb, pkt, skb->ifindex);
+}
+
+/* An ICMP error about a translated flow (see icmp.h): rewrite it and send
+ * it on; anything else is left alone. */
+static __always_inline int tc_icmp_error(struct __sk_buff *skb, struct packet *pkt)
+{
+	struct icmp_rewrite rw;
+	struct icmp_quote *quote;
+
+	quote = icmp_error_quote(pkt);
+	if (!quote || icmp_error_lookup(pkt, quote, &rw))
+		return TC_ACT_UNSPEC;
+	icmp_error_rewrite(pkt, quote, &rw);
+	count(STAT_ICMP_TRANSLATED, skb->len);
 	return skb_forward(skb, pkt, skb->ifindex);
 }
 
