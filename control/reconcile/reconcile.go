@@ -23,7 +23,8 @@ type Config struct {
 	MaglevMaxSize uint32
 	// MaglevSeed seeds the table permutations (--maglev-hash-seed).
 	MaglevSeed uint64
-	// ServicesMax and BackendsMax are the id ranges (the map capacities).
+	// ServicesMax and BackendsMax are the id ranges (the map capacities;
+	// New lowers BackendsMax to the backends map's size).
 	ServicesMax uint32
 	BackendsMax uint32
 }
@@ -182,6 +183,13 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	}
 	if cfg.ServicesMax == 0 || cfg.BackendsMax < 2 {
 		return nil, errors.New("reconcile: ServicesMax and BackendsMax must be set")
+	}
+	if n := dp.BackendCapacity(); cfg.BackendsMax > n {
+		// The backends map is an array of n ids: an id past it fails
+		// the batch that writes it, at every sync, half-way. Ids past
+		// the map are not handed out: their endpoints are reported.
+		log.Warn("backend ids limited to the backends map's size", "backends_max", cfg.BackendsMax, "map_size", n)
+		cfg.BackendsMax = n
 	}
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
@@ -513,6 +521,9 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		}
 		puts[st.id] = b
 	}
+	// A batch that fails may have written part of puts; r.backends
+	// keeps the old values of all, so the next full Apply, which
+	// touches every backend, writes them again.
 	if err := r.dp.PutBackends(puts); err != nil {
 		return err
 	}
