@@ -252,6 +252,10 @@ func (d *Dataplane) BackendCapacity() uint32 { return d.m.Backends.MaxEntries() 
 // (--frontends-max).
 func (d *Dataplane) FrontendCapacity() uint32 { return d.m.Frontends.MaxEntries() }
 
+// SourceRangeCapacity is the number of source ranges the source ranges
+// map holds (max(--services-max, 1024) in the agent).
+func (d *Dataplane) SourceRangeCapacity() uint32 { return d.m.SourceRanges.MaxEntries() }
+
 // batchChunk bounds one batch syscall.
 const batchChunk = 4096
 

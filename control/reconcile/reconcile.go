@@ -23,7 +23,8 @@ type Config struct {
 	MaglevMaxSize uint32
 	// MaglevSeed seeds the table permutations (--maglev-hash-seed).
 	MaglevSeed uint64
-	// ServicesMax and BackendsMax are the id ranges (the map capacities).
+	// ServicesMax and BackendsMax are the id ranges (the map capacities;
+	// New lowers BackendsMax to the backends map's size).
 	ServicesMax uint32
 	BackendsMax uint32
 }
@@ -38,8 +39,8 @@ type Result struct {
 	MaglevBuilds int
 	MaglevTime   time.Duration
 	// Problems are service ports that could not be programmed fully
-	// (out of ids, a table that could not be built, frontends that do
-	// not fit in the frontends map); the rest was.
+	// (out of ids, a table that could not be built, frontends or source
+	// ranges that do not fit in their map); the rest was.
 	Problems []string
 	// RemovedBackends are the backends freed by this Apply: flows still
 	// tracked to them are stale (see PurgeFlows).
@@ -151,7 +152,12 @@ type Reconciler struct {
 	// next full Apply reads the map again.
 	frontendsUnknown bool
 	ranges           map[dataplane.SourceRange]bool
-	usedIDs          map[uint32]bool // service port ids in use
+	// rangesUnknown is set when a write of source ranges failed, so that
+	// the next full Apply reads the map again. (A range is written or
+	// deleted alone, so ranges should be exact even then; reading them
+	// again costs one walk of the map after an error.)
+	rangesUnknown bool
+	usedIDs       map[uint32]bool // service port ids in use
 	// Backend ids in use (those in addrs); the allocators
 	// resume their search where they last found a free id.
 	usedBackendIDs map[uint32]bool
@@ -177,6 +183,13 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	}
 	if cfg.ServicesMax == 0 || cfg.BackendsMax < 2 {
 		return nil, errors.New("reconcile: ServicesMax and BackendsMax must be set")
+	}
+	if n := dp.BackendCapacity(); cfg.BackendsMax > n {
+		// The backends map is an array of n ids: an id past it fails
+		// the batch that writes it, at every sync, half-way. Ids past
+		// the map are not handed out: their endpoints are reported.
+		log.Warn("backend ids limited to the backends map's size", "backends_max", cfg.BackendsMax, "map_size", n)
+		cfg.BackendsMax = n
 	}
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
@@ -288,9 +301,24 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		r.frontends, r.frontendsUnknown = fes, false
 	}
 
-	// Compute the new records of the changed ports; ports whose
-	// frontends do not fit get none of theirs written.
-	refused := r.fitFrontends(keys, byKey, full)
+	if full && r.rangesUnknown {
+		srs, err := r.dp.SourceRanges()
+		if err != nil {
+			return res, fmt.Errorf("read source ranges after a failed write: %w", err)
+		}
+		clear(r.ranges)
+		for _, sr := range srs {
+			r.ranges[sr] = true
+		}
+		r.rangesUnknown = false
+	}
+
+	// Compute the new records of the changed ports; ports whose source
+	// ranges or frontends do not fit get none of theirs written. Ranges
+	// are keyed by service id, so the ids are chosen first.
+	ids := r.portIDs(keys, byKey)
+	refused := r.fitRanges(keys, byKey, ids, full)
+	maps.Copy(refused, r.fitFrontends(keys, byKey, full, refused))
 	next := make(map[string]*portRecord, len(keys))
 	recs := make([]*portRecord, 0, len(keys))
 	for _, k := range keys {
@@ -298,9 +326,12 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		case svc == nil:
 			next[k] = nil
 		case refused[k] != nil:
+			if id := ids[k]; id != 0 && id != refused[k].id {
+				r.releaseID(id) // allocated for the port's new version
+			}
 			next[k] = refused[k]
 		default:
-			rec := r.record(svc)
+			rec := r.record(svc, ids[k])
 			next[k] = rec
 			recs = append(recs, rec)
 		}
@@ -370,9 +401,10 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	return res, err
 }
 
-// write applies the changes in the safe order: frontends that go (they
-// make room for new ones), backends, tables, ranges, frontends; then the
-// other deletions in reverse. The tables of fresh are being
+// write applies the changes in the safe order: frontends that go and the
+// source ranges no frontend checks any more (they make room for new
+// ones), backends, tables, ranges, frontends; then the other deletions in
+// reverse. The tables of fresh are being
 // installed already; replacing are the tables to install once the
 // backends are written.
 func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, old map[string]*portRecord,
@@ -424,6 +456,55 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 			return err
 		}
 	}
+	// Then the source ranges that go and that no frontend left checks:
+	// they make room for those written below (fitRanges counted on it).
+	// The others go last (5.), once the frontends that check them are
+	// rewritten and the ranges that replace them are in: deleting them
+	// now would drop the clients they admit until then.
+	wantRanges := map[dataplane.SourceRange]bool{}
+	for _, rec := range next {
+		if rec != nil {
+			for _, sr := range rec.ranges {
+				wantRanges[sr] = true
+			}
+		}
+	}
+	var dropRanges []dataplane.SourceRange
+	if full {
+		for sr := range r.ranges {
+			if !all.ranges[sr] {
+				dropRanges = append(dropRanges, sr)
+			}
+		}
+	} else {
+		for _, rec := range old {
+			if rec == nil {
+				continue
+			}
+			for _, sr := range rec.ranges {
+				if !wantRanges[sr] {
+					dropRanges = append(dropRanges, sr)
+				}
+			}
+		}
+	}
+	checked := map[uint32]bool{}
+	for _, fe := range r.frontends {
+		if fe.Flags&dataplane.FrontendSourceRanges != 0 {
+			checked[fe.SvcID] = true
+		}
+	}
+	late := dropRanges[:0]
+	for _, sr := range dropRanges {
+		if checked[sr.SvcID] {
+			late = append(late, sr)
+			continue
+		}
+		if err := r.deleteRange(sr); err != nil {
+			return err
+		}
+	}
+	dropRanges = late
 
 	// 2. Backends that are new or changed.
 	var gone []netip.AddrPort
@@ -440,6 +521,9 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		}
 		puts[st.id] = b
 	}
+	// A batch that fails may have written part of puts; r.backends
+	// keeps the old values of all, so the next full Apply, which
+	// touches every backend, writes them again.
 	if err := r.dp.PutBackends(puts); err != nil {
 		return err
 	}
@@ -456,18 +540,17 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		return err
 	}
 	// 4. Source ranges, then frontends.
-	wantRanges := map[dataplane.SourceRange]bool{}
 	fePuts := map[dataplane.FrontendKey]dataplane.Frontend{}
 	for _, rec := range next {
 		if rec == nil {
 			continue
 		}
 		for _, sr := range rec.ranges {
-			wantRanges[sr] = true
 			if r.ranges[sr] {
 				continue
 			}
 			if err := r.dp.PutSourceRange(sr.SvcID, sr.Prefix); err != nil {
+				r.rangesUnknown = true
 				return err
 			}
 			r.ranges[sr] = true
@@ -491,14 +574,8 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 	// 5. The other deletions, once no frontend points at what goes:
 	// what the changed ports had and no longer have (or, on a full Apply,
 	// whatever no port wants).
-	var dropRanges []dataplane.SourceRange
 	var dropTables []uint32
 	if full {
-		for sr := range r.ranges {
-			if !all.ranges[sr] {
-				dropRanges = append(dropRanges, sr)
-			}
-		}
 		for id := range r.tables {
 			if !all.tables[id] {
 				dropTables = append(dropTables, id)
@@ -514,11 +591,6 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 			if rec == nil {
 				continue
 			}
-			for _, sr := range rec.ranges {
-				if !wantRanges[sr] {
-					dropRanges = append(dropRanges, sr)
-				}
-			}
 			for id := range rec.tables {
 				if !r.tableWanted(id) {
 					dropTables = append(dropTables, id)
@@ -527,13 +599,9 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		}
 	}
 	for _, sr := range dropRanges {
-		if !r.ranges[sr] {
-			continue
-		}
-		if err := r.dp.DeleteSourceRange(sr.SvcID, sr.Prefix); err != nil {
+		if err := r.deleteRange(sr); err != nil {
 			return err
 		}
-		delete(r.ranges, sr)
 	}
 	for _, id := range dropTables {
 		if _, ok := r.tables[id]; !ok {
@@ -598,6 +666,19 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 			}
 		}
 	}
+	return nil
+}
+
+// deleteRange deletes source range sr if it is in the map.
+func (r *Reconciler) deleteRange(sr dataplane.SourceRange) error {
+	if !r.ranges[sr] {
+		return nil
+	}
+	if err := r.dp.DeleteSourceRange(sr.SvcID, sr.Prefix); err != nil {
+		r.rangesUnknown = true
+		return err
+	}
+	delete(r.ranges, sr)
 	return nil
 }
 
@@ -880,7 +961,12 @@ func (r *Reconciler) wanted() wantedSet {
 // before it writes any), then ports with frontends in the map take
 // theirs before new ports do, so that a full Apply does not swap a
 // programmed port for a new one; within each, in the order of keys.
-func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, full bool) map[string]*portRecord {
+//
+// The ports in decided are refused already (by fitRanges) and take the
+// record given there: a previous version keeps its frontends, an empty
+// record releases them.
+func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, full bool,
+	decided map[string]*portRecord) map[string]*portRecord {
 	capacity := int(r.dp.FrontendCapacity())
 	// moved overrides, for the frontends this Apply moves, which port
 	// holds each once it is written ("" for none).
@@ -929,9 +1015,12 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 	var order []string
 	programmed := map[string]bool{}
 	for _, k := range keys {
-		if byKey[k] == nil {
+		if rec := decided[k]; byKey[k] == nil || rec != nil && len(rec.frontends) == 0 {
 			release(inMap(k, r.ports[k]))
 			continue
+		}
+		if decided[k] != nil {
+			continue // keeps its frontends as they are
 		}
 		order = append(order, k)
 		programmed[k] = len(inMap(k, r.ports[k])) > 0
@@ -1001,6 +1090,164 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 	return refused
 }
 
+// fitRanges decides which of the ports in keys (those this Apply changes;
+// a nil Service is a port that goes) get their source ranges written, so
+// that the source ranges map never has to take more than it holds: a
+// write that fails would fail again at every sync, and nothing after it
+// would be applied. ids are the ports' service ids (portIDs). It returns
+// the record of each port refused, as fitFrontends does: its previous
+// one if that is in the maps whole, else an empty one.
+//
+// It counts what write does: the ranges that go are deleted before any
+// is written when no frontend left in the map checks them (their port
+// goes, or loses its frontends); those a frontend still checks are
+// deleted only after the new ones are written, since deleting first
+// would drop the clients they admit until then. So a port that changes
+// its ranges needs room for the old and the new together. The count
+// errs on the full side (a frontend checks ranges until it is surely
+// deleted; a port applied keeps its old ranges until the end), which may
+// refuse a port that would have fitted; that port is tried again at the
+// next change or full Apply. Ports with ranges in the map come first, as
+// in fitFrontends.
+func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, ids map[string]uint32,
+	full bool) map[string]*portRecord {
+	capacity := int(r.dp.SourceRangeCapacity())
+	held := map[uint32]map[netip.Prefix]bool{}
+	for sr := range r.ranges {
+		if held[sr.SvcID] == nil {
+			held[sr.SvcID] = map[netip.Prefix]bool{}
+		}
+		held[sr.SvcID][sr.Prefix] = true
+	}
+	if len(held) == 0 && !slices.ContainsFunc(keys, func(k string) bool {
+		return byKey[k] != nil && byKey[k].SourceRangesSet
+	}) {
+		return map[string]*portRecord{} // nothing to count: the common case
+	}
+
+	// checked are the service ids whose ranges a frontend may still check
+	// while the new ranges are written: the frontends that go are those
+	// no port applied wants, and, in an ApplyChanges, that a changed
+	// port had.
+	wantKeys := map[dataplane.FrontendKey]bool{}
+	changedKeys := map[dataplane.FrontendKey]bool{}
+	for _, k := range keys {
+		if svc := byKey[k]; svc != nil {
+			for _, f := range svc.Frontends {
+				wantKeys[frontendKey(f)] = true
+			}
+		}
+		if old := r.ports[k]; old != nil && !full {
+			for fk := range old.frontends {
+				changedKeys[fk] = true
+			}
+		}
+	}
+	checked := map[uint32]bool{}
+	for fk, fe := range r.frontends {
+		if fe.Flags&dataplane.FrontendSourceRanges == 0 {
+			continue
+		}
+		if wantKeys[fk] || !full && !changedKeys[fk] {
+			checked[fe.SvcID] = true
+		}
+	}
+	// stays are the ranges in the map while the new ones are written:
+	// those of ids a frontend checks; those of the ports applied, whose
+	// frontends may yet be refused (fitFrontends) and keep checking them;
+	// and, in an ApplyChanges, those of the ports it does not change
+	// (only a full Apply deletes ranges no port has).
+	var order []string
+	applied := map[uint32]bool{}
+	for _, k := range keys {
+		if byKey[k] != nil && ids[k] != 0 {
+			order = append(order, k)
+			applied[ids[k]] = true
+		}
+	}
+	changedID := map[uint32]bool{}
+	if !full {
+		for _, k := range keys {
+			if old := r.ports[k]; old != nil && old.id != 0 {
+				changedID[old.id] = true
+			}
+		}
+	}
+	stays := func(id uint32) bool { return checked[id] || applied[id] || !full && !changedID[id] }
+	used := 0
+	for id, ps := range held {
+		if stays(id) {
+			used += len(ps)
+		}
+	}
+
+	programmed := func(k string) bool { old := r.ports[k]; return old != nil && len(held[old.id]) > 0 }
+	slices.SortStableFunc(order, func(a, b string) int {
+		switch pa, pb := programmed(a), programmed(b); {
+		case pa && !pb:
+			return -1
+		case pb && !pa:
+			return 1
+		}
+		return 0
+	})
+
+	refused := map[string]*portRecord{}
+	want := map[netip.Prefix]bool{}
+	for _, k := range order {
+		svc, id := byKey[k], ids[k]
+		clear(want)
+		if svc.SourceRangesSet {
+			for _, p := range svc.SourceRanges {
+				want[p.Masked()] = true
+			}
+		}
+		added := 0
+		for p := range want {
+			if !held[id][p] { // the port's own ranges stay (applied)
+				added++
+			}
+		}
+		if used+added <= capacity {
+			used += added
+			continue
+		}
+		old := r.ports[k]
+		if old != nil && old.id == id && len(old.frontends) > 0 && r.whole(old) {
+			// Its previous version stays, ranges, frontends, tables and all.
+			kept := *old
+			kept.problems = []string{fmt.Sprintf("service port %s not updated: its %d source ranges do not fit in what "+
+				"the source ranges map of %d leaves, with the %d it has until they are swapped "+
+				"(raise --services-max, which sizes it); its previous version stays", k, len(want), capacity, len(held[id]))}
+			refused[k] = &kept
+			continue
+		}
+		refused[k] = &portRecord{
+			frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
+			tables:    map[uint32]*tableRecord{},
+			problems: []string{fmt.Sprintf("service port %s not programmed: its %d source ranges do not fit in what "+
+				"the source ranges map of %d leaves (raise --services-max, which sizes it)", k, len(want), capacity)},
+		}
+	}
+	return refused
+}
+
+// whole reports whether rec's frontends and source ranges are all in the
+// maps as rec has them.
+func (r *Reconciler) whole(rec *portRecord) bool {
+	for k, v := range rec.frontends {
+		if cur, ok := r.frontends[k]; !ok || cur != v {
+			return false
+		}
+	}
+	for _, sr := range rec.ranges {
+		if !r.ranges[sr] {
+			return false
+		}
+	}
+	return true
+}
+
 // release returns ids allocated for records that will not be applied.
 func (r *Reconciler) release(next map[string]*portRecord) {
 	for k, rec := range next {
@@ -1010,19 +1257,19 @@ func (r *Reconciler) release(next map[string]*portRecord) {
 	}
 }
 
-// record computes what one service port puts into the maps, allocating a
-// service id and backend ids as needed. The Maglev tables are planned
+// record computes what one service port puts into the maps under its
+// service id (0: none was free, see portIDs), allocating backend ids as
+// needed. The Maglev tables are planned
 // afterwards, for all ports at once (planTables), and finish completes
 // the record.
-func (r *Reconciler) record(svc *model.Service) *portRecord {
+func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 	key := svc.Key()
 	rec := &portRecord{
 		frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
 		tables:    map[uint32]*tableRecord{},
 		backends:  make(backendList, 0, len(svc.Endpoints)),
 	}
-	id, ok := r.serviceID(key, svc)
-	if !ok {
+	if id == 0 {
 		rec.problems = append(rec.problems, fmt.Sprintf(
 			"service port %s not programmed: all %d service ids in use (raise --services-max)", key, r.cfg.ServicesMax-1))
 		return rec
@@ -1141,6 +1388,25 @@ func (r *Reconciler) finish(rec *portRecord) {
 			rec.ranges = append(rec.ranges, dataplane.SourceRange{SvcID: id, Prefix: p.Masked()})
 		}
 	}
+}
+
+// portIDs chooses the service id of each port in keys that byKey does not
+// remove, in the order of keys (0 when no id is free).
+func (r *Reconciler) portIDs(keys []string, byKey map[string]*model.Service) map[string]uint32 {
+	ids := make(map[string]uint32, len(keys))
+	for _, k := range keys {
+		if svc := byKey[k]; svc != nil {
+			ids[k], _ = r.serviceID(k, svc)
+		}
+	}
+	return ids
+}
+
+// releaseID frees a service id allocated in this Apply for a port that
+// is refused: its counters were reset, its name is not written.
+func (r *Reconciler) releaseID(id uint32) {
+	delete(r.usedIDs, id)
+	delete(r.newNames, id)
 }
 
 // serviceID returns the port's id: its current one, the one its pinned
