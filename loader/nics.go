@@ -19,6 +19,9 @@ func nicLinkKinds() []string {
 	return []string{"xdp-" + string(XDPNative) + "-", "xdp-" + string(XDPGeneric) + "-", "tc-ingress-"}
 }
 
+// renamingPrefix marks the pin of a NIC link while SettleNICPins renames it.
+const renamingPrefix = "renaming-"
+
 // nicPin is one pinned link of a NIC attachment.
 type nicPin struct {
 	file   string // pin file name, in linksDir
@@ -43,8 +46,10 @@ func nicPins(pinRoot string) ([]nicPin, error) {
 	}
 	var pins []nicPin
 	for _, e := range entries {
+		// A pin SettleNICPins was renaming when it stopped is one too.
+		name := strings.TrimPrefix(e.Name(), renamingPrefix)
 		for _, kind := range nicLinkKinds() {
-			ifname, ok := strings.CutPrefix(e.Name(), kind)
+			ifname, ok := strings.CutPrefix(name, kind)
 			if !ok {
 				continue
 			}
@@ -129,8 +134,8 @@ func (d *Datapath) SettleNICPins() error {
 			errs = append(errs, fmt.Errorf("interface %s: device %d of pinned link %s: %w", p.ifname, p.ifindex, p.file, err))
 			continue
 		}
-		if name := dev.Attrs().Name; name != p.ifname {
-			moves = append(moves, move{from: path, tmp: filepath.Join(dir, "renaming-"+p.file),
+		if name := dev.Attrs().Name; name != p.ifname || strings.HasPrefix(p.file, renamingPrefix) {
+			moves = append(moves, move{from: path, tmp: filepath.Join(dir, renamingPrefix+strings.TrimPrefix(p.file, renamingPrefix)),
 				to: filepath.Join(dir, p.kind+name), ifname: p.ifname, newName: name})
 		}
 	}

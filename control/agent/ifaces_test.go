@@ -25,7 +25,7 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 	cases := []struct {
 		name    string
 		first   []string
-		between func(ns *testenv.Netns)
+		between func(ns *testenv.Netns, links string)
 		second  []string
 		// detached: interfaces that must run nothing of ours afterwards.
 		detached []string
@@ -34,22 +34,30 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 			detached: []string{"edge2"}},
 		{name: "all kept", first: []string{"edge0", "edge2"}, second: []string{"edge2", "edge0"}},
 		{name: "interface deleted and created again", first: []string{"edge0", "edge2"},
-			between: func(ns *testenv.Netns) {
+			between: func(ns *testenv.Netns, _ string) {
 				ns.IP("link", "del", "edge2")
 				vethUp(ns, "edge2", "edge3", "192.0.2.2/24")
 			},
 			second: []string{"edge0", "edge2"}},
 		{name: "interface deleted and dropped", first: []string{"edge0", "edge2"},
-			between: func(ns *testenv.Netns) { ns.IP("link", "del", "edge2") },
+			between: func(ns *testenv.Netns, _ string) { ns.IP("link", "del", "edge2") },
 			second:  []string{"edge0"}},
 		{name: "interface renamed", first: []string{"edge0", "edge2"},
-			between: func(ns *testenv.Netns) { rename(ns, "edge2", "edge5") },
+			between: func(ns *testenv.Netns, _ string) { rename(ns, "edge2", "edge5") },
 			second:  []string{"edge0", "edge5"}},
 		{name: "interface renamed and dropped", first: []string{"edge0", "edge2"},
-			between: func(ns *testenv.Netns) { rename(ns, "edge2", "edge5") },
+			between: func(ns *testenv.Netns, _ string) { rename(ns, "edge2", "edge5") },
 			second:  []string{"edge0"}, detached: []string{"edge5"}},
+		{name: "a rename of pins interrupted", first: []string{"edge0", "edge2"},
+			between: func(_ *testenv.Netns, links string) {
+				if err := os.Rename(filepath.Join(links, "xdp-native-edge2"),
+					filepath.Join(links, "renaming-xdp-native-edge2")); err != nil {
+					t.Fatal(err)
+				}
+			},
+			second: []string{"edge0", "edge2"}},
 		{name: "interfaces swap names", first: []string{"edge0", "edge2"},
-			between: func(ns *testenv.Netns) {
+			between: func(ns *testenv.Netns, _ string) {
 				rename(ns, "edge2", "edge9")
 				rename(ns, "edge0", "edge2")
 				rename(ns, "edge9", "edge0")
@@ -88,7 +96,7 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 			}
 			start(c.first, func(*Agent) error { return nil })
 			if c.between != nil {
-				c.between(ns)
+				c.between(ns, filepath.Join(loader.Dir(opts.PinRoot), "links"))
 			}
 			start(c.second, func(a *Agent) error {
 				var want []uint32
