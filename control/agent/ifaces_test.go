@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -29,9 +32,11 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 		second  []string
 		// detached: interfaces that must run nothing of ours afterwards.
 		detached []string
+		// logged: interfaces the second start logs it detached.
+		logged []string
 	}{
 		{name: "interface dropped", first: []string{"edge0", "edge2"}, second: []string{"edge0"},
-			detached: []string{"edge2"}},
+			detached: []string{"edge2"}, logged: []string{"edge2"}},
 		{name: "all kept", first: []string{"edge0", "edge2"}, second: []string{"edge2", "edge0"}},
 		{name: "interface deleted and created again", first: []string{"edge0", "edge2"},
 			between: func(ns *testenv.Netns, _ string) {
@@ -41,13 +46,15 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 			second: []string{"edge0", "edge2"}},
 		{name: "interface deleted and dropped", first: []string{"edge0", "edge2"},
 			between: func(ns *testenv.Netns, _ string) { ns.IP("link", "del", "edge2") },
-			second:  []string{"edge0"}},
+			// Its programs went with it: nothing to detach (its pins
+			// are dropped first, logged as such).
+			second: []string{"edge0"}},
 		{name: "interface renamed", first: []string{"edge0", "edge2"},
 			between: func(ns *testenv.Netns, _ string) { rename(ns, "edge2", "edge5") },
 			second:  []string{"edge0", "edge5"}},
 		{name: "interface renamed and dropped", first: []string{"edge0", "edge2"},
 			between: func(ns *testenv.Netns, _ string) { rename(ns, "edge2", "edge5") },
-			second:  []string{"edge0"}, detached: []string{"edge5"}},
+			second:  []string{"edge0"}, detached: []string{"edge5"}, logged: []string{"edge5"}},
 		{name: "a rename of pins interrupted", first: []string{"edge0", "edge2"},
 			between: func(_ *testenv.Netns, links string) {
 				if err := os.Rename(filepath.Join(links, "xdp-native-edge2"),
@@ -79,11 +86,13 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 			opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
 			cfg := Config{XDPMode: loader.XDPNative, Datapath: opts, ServicesFile: services}
 
+			var logged bytes.Buffer
 			start := func(ifaces []string, check func(a *Agent) error) {
 				t.Helper()
 				cfg.Interfaces = ifaces
+				logged.Reset()
 				if err := ns.Do(func() error {
-					a, err := Start(context.Background(), cfg, discard())
+					a, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&logged, nil)))
 					if err != nil {
 						return fmt.Errorf("start with %v: %w", ifaces, err)
 					}
@@ -138,6 +147,16 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 				}
 				return nil
 			})
+			var detachedLogged []string
+			for _, line := range strings.Split(logged.String(), "\n") {
+				if strings.Contains(line, "level=INFO") && strings.Contains(line, "datapath detached") {
+					_, name, _ := strings.Cut(line, " interface=")
+					detachedLogged = append(detachedLogged, name)
+				}
+			}
+			if !slices.Equal(detachedLogged, c.logged) {
+				t.Errorf("logged detaching %v, want %v", detachedLogged, c.logged)
+			}
 			pinned, err := os.ReadDir(filepath.Join(loader.Dir(opts.PinRoot), "links"))
 			if err != nil {
 				t.Fatal(err)
