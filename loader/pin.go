@@ -1,12 +1,14 @@
 package loader
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -40,14 +42,18 @@ func ensureBPFFS(root string, log *slog.Logger) error {
 
 // migrations copy live flow state into a resized map. Maps without one
 // start empty and are refilled by the control plane from the desired state.
-func migrations(opts Options, hints *ebpf.Map) map[string]func(from, to *ebpf.Map) (copied, skipped int) {
-	return map[string]func(from, to *ebpf.Map) (int, int){
-		"conntrack":  copyEntries,
-		"nat":        copyEntries,
-		"affinity":   copyEntries,
-		"snat_slots": func(from, to *ebpf.Map) (int, int) { return copySNATSlots(from, to, opts, hints) },
+func migrations(opts Options, hints *ebpf.Map) map[string]migration {
+	return map[string]migration{
+		"conntrack":  copyRecentFirst[xdp.NicCtKey](func(e *xdp.NicCtEntry) uint64 { return e.LastSeenNs }),
+		"nat":        copyRecentFirst[xdp.NicNatKey](func(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }),
+		"affinity":   copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
+		"snat_slots": func(from, to *ebpf.Map) (int, int, error) { return copySNATSlots(from, to, opts, hints) },
 	}
 }
+
+// A migration copies what it can of one map into another of the same
+// key and value layout.
+type migration func(from, to *ebpf.Map) (copied, skipped int, err error)
 
 // errSlotsUnhinted is why SNAT slots pinned by a version without bucket
 // hints are moved: that version placed them by a hash of their backend.
@@ -167,7 +173,7 @@ func unpinRetiredMaps(dir string, log *slog.Logger) {
 }
 
 func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
-	migrate func(from, to *ebpf.Map) (int, int), log *slog.Logger, why error) error {
+	migrate migration, log *slog.Logger, why error) error {
 	spec := ms.Copy()
 	spec.Pinning = ebpf.PinNone // pinned below, in place of the old one
 	fresh, err := ebpf.NewMap(spec)
@@ -177,8 +183,20 @@ func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
 	defer fresh.Close()
 
 	copied, skipped := 0, 0
-	if migrate != nil {
-		copied, skipped = migrate(old, fresh)
+	switch {
+	case migrate == nil:
+	case old.KeySize() != spec.KeySize:
+		log.Warn("resized map starts empty: its key layout changed, so its entries cannot be copied", "map", name,
+			"reason", fmt.Sprintf("key size changed from %d to %d bytes", old.KeySize(), spec.KeySize))
+	case old.ValueSize() != spec.ValueSize:
+		log.Warn("resized map starts empty: its value layout changed, so its entries cannot be copied", "map", name,
+			"reason", fmt.Sprintf("value size changed from %d to %d bytes", old.ValueSize(), spec.ValueSize))
+	default:
+		var err error
+		copied, skipped, err = migrate(old, fresh)
+		if err != nil {
+			log.Warn("copy into a resized map ended early", "map", name, "error", err)
+		}
 	}
 	if err := old.Unpin(); err != nil {
 		return fmt.Errorf("unpin old map %s: %w", name, err)
@@ -191,19 +209,94 @@ func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
 	return nil
 }
 
-// copyEntries copies what fits from one hash map into another.
-func copyEntries(from, to *ebpf.Map) (copied, skipped int) {
-	key := make([]byte, from.KeySize())
-	value := make([]byte, from.ValueSize())
-	iter := from.Iterate()
-	for iter.Next(&key, &value) {
-		if err := to.Put(key, value); err != nil {
-			skipped++
-			continue
+// copyBatch is how many entries copyRecentFirst reads, or writes, per
+// system call.
+const copyBatch = 4096
+
+// copyRecentFirst returns a migration for an LRU hash map of K to V,
+// whose values record when their flow was last seen: it copies the
+// entries in the order they were last seen, oldest first, and leaves out
+// the oldest ones that do not fit. The new map's LRU order is then that of
+// the flows, and a map shrunk below its flows keeps those seen last (the
+// LRU also evicts a little before it is full: those are the oldest
+// copied). Values are read when written, so a flow refreshed meanwhile
+// keeps its latest state; flows the running datapath creates after the
+// first pass are not copied. It holds the keys and times in memory (24
+// bytes an entry the old conntrack can hold).
+func copyRecentFirst[K any, V any](lastSeen func(*V) uint64) migration {
+	return func(from, to *ebpf.Map) (copied, skipped int, err error) {
+		type flow struct {
+			key  K
+			seen uint64
 		}
-		copied++
+		flows := make([]flow, 0, from.MaxEntries())
+		keys := make([]K, copyBatch)
+		values := make([]V, copyBatch)
+		var cursor ebpf.MapBatchCursor
+		for {
+			n, err := from.BatchLookup(&cursor, keys, values, nil)
+			if errors.Is(err, ebpf.ErrNotSupported) && len(flows) == 0 {
+				// A kernel without batch lookups: one at a time.
+				iter := from.Iterate()
+				for iter.Next(&keys[0], &values[0]) {
+					flows = append(flows, flow{key: keys[0], seen: lastSeen(&values[0])})
+				}
+				if err := iter.Err(); err != nil {
+					return 0, len(flows), fmt.Errorf("read entries: %w", err)
+				}
+				break
+			}
+			for i := range n {
+				flows = append(flows, flow{key: keys[i], seen: lastSeen(&values[i])})
+			}
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			}
+			if err != nil {
+				return 0, len(flows), fmt.Errorf("read entries: %w", err)
+			}
+		}
+		slices.SortFunc(flows, func(a, b flow) int { return cmp.Compare(a.seen, b.seen) })
+		if room := int(to.MaxEntries()); len(flows) > room {
+			skipped = len(flows) - room
+			flows = flows[skipped:]
+		}
+		keys, values = keys[:0], values[:0]
+		var value V
+		flush := func() {
+			if len(keys) == 0 {
+				return
+			}
+			n, err := to.BatchUpdate(keys, values, nil)
+			if err != nil {
+				// Without batch updates (or on a failure among
+				// them): one at a time, from where it stopped.
+				n = max(n, 0)
+				for i := n; i < len(keys); i++ {
+					if to.Put(keys[i], values[i]) != nil {
+						skipped++
+						continue
+					}
+					copied++
+				}
+			}
+			copied += n
+			keys, values = keys[:0], values[:0]
+		}
+		for _, f := range flows {
+			if err := from.Lookup(f.key, &value); err != nil {
+				skipped++ // evicted or ended since
+				continue
+			}
+			keys = append(keys, f.key)
+			values = append(values, value)
+			if len(keys) == copyBatch {
+				flush()
+			}
+		}
+		flush()
+		return copied, skipped, nil
 	}
-	return copied, skipped
 }
 
 // copySNATSlots moves the claimed SNAT slots of an array laid out for other
@@ -212,7 +305,7 @@ func copyEntries(from, to *ebpf.Map) (copied, skipped int) {
 // the next one (as the datapath does on a first claim). A flow whose port
 // is outside the new range, or whose new slot is taken, is skipped: its
 // forward half claims a new port on its next packet.
-func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, skipped int) {
+func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, skipped int, err error) {
 	var index uint32
 	var slot xdp.NicSnatSlot
 	iter := from.Iterate()
@@ -247,7 +340,7 @@ func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, s
 		}
 		copied++
 	}
-	return copied, skipped
+	return copied, skipped, iter.Err()
 }
 
 // assignSNATBucket returns the bucket that hint names, first giving it the

@@ -13,8 +13,8 @@ import (
 
 // ForeignAttachments lists the pinned XDP and TC attachments that run a
 // program other than this datapath's: ones an earlier agent attached and
-// nothing has replaced (an interface no longer in --iface, a pod
-// interface whose update failed). Such a program may act on the shared
+// nothing has replaced (an interface no longer in --iface that the agent
+// failed to detach, a pod interface whose update failed). Such a program may act on the shared
 // maps by the rules of an older version. (TC filters attached through
 // clsact, on kernels without tcx, are not links and are not listed.)
 func (d *Datapath) ForeignAttachments() ([]string, error) {

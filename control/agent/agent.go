@@ -221,8 +221,18 @@ func newSource(cfg Config, log *slog.Logger) (source.Source, error) {
 
 // attach attaches the datapath to every interface and returns those it
 // attached afresh. If one fails, those are detached again; interfaces an
-// earlier agent had attached keep running as they were.
+// earlier agent had attached keep running as they were. Once all are
+// attached, it detaches the interfaces an earlier agent attached that are
+// no longer listed (a failure there is logged: the listed ones run the
+// datapath, and the SNAT spill marks stay untrusted while an old program
+// runs elsewhere). Pinned links are first made to follow their interfaces
+// through a rename or a deletion (loader.SettleNICPins; a failure there is
+// logged, and an attach it leaves failing fails the start).
 func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) ([]string, error) {
+	if err := dp.SettleNICPins(); err != nil {
+		// What it could not settle fails below, naming the interface.
+		log.Warn("could not match every pinned link to its interface", "error", err)
+	}
 	var fresh []string
 	for _, ifname := range cfg.Interfaces {
 		wasAttached := loader.NICAttached(cfg.Datapath.PinRoot, ifname)
@@ -236,6 +246,13 @@ func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) ([]string, error)
 		}
 		log.Info("datapath attached", "interface", att.Interface, "xdp_mode", att.Mode,
 			"tc", att.TCMode, "xdp_prog_id", att.XDPProgID, "tc_prog_id", att.TCProgID)
+	}
+	detached, err := dp.DetachNICsExcept(cfg.Interfaces)
+	for _, name := range detached {
+		log.Info("datapath detached from an interface no longer in --iface", "interface", name)
+	}
+	if err != nil {
+		log.Warn("could not detach every interface no longer in --iface", "error", err)
 	}
 	return fresh, nil
 }

@@ -1,0 +1,206 @@
+package loader
+
+import (
+	"bytes"
+	"encoding/binary"
+	"log/slog"
+	"math/rand/v2"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdplb/xdplb/tests/testenv"
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// ctSpec is a conntrack-like LRU hash of n entries.
+func ctSpec(n uint32) *ebpf.MapSpec {
+	return &ebpf.MapSpec{Name: "conntrack", Type: ebpf.LRUHash, KeySize: uint32(binary.Size(xdp.NicCtKey{})),
+		ValueSize: uint32(binary.Size(xdp.NicCtEntry{})), MaxEntries: n}
+}
+
+// ctKey is the i-th test flow.
+func ctKey(i uint32) xdp.NicCtKey {
+	return xdp.NicCtKey{Saddr: i, Daddr: 0x0a000001, Sport: uint16(i), Dport: 80, Proto: 6}
+}
+
+// fillConntrack puts n flows into m in random order, flow i last seen at
+// i seconds; with batch, n must be a multiple of 4096.
+func fillConntrack(tb testing.TB, m *ebpf.Map, n uint32, batch bool) {
+	tb.Helper()
+	order := rand.New(rand.NewPCG(1, 2)).Perm(int(n))
+	if !batch {
+		for _, i := range order {
+			if err := m.Put(ctKey(uint32(i)), xdp.NicCtEntry{LastSeenNs: uint64(i) * 1e9, BackendId: uint32(i)}); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		return
+	}
+	keys := make([]xdp.NicCtKey, 4096)
+	values := make([]xdp.NicCtEntry, 4096)
+	for start := 0; start < len(order); start += len(keys) {
+		for j := range keys {
+			i := uint32(order[start+j])
+			keys[j], values[j] = ctKey(i), xdp.NicCtEntry{LastSeenNs: uint64(i) * 1e9, BackendId: i}
+		}
+		if _, err := m.BatchUpdate(keys, values, nil); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// Replacing a pinned map whose key or value layout changed copies nothing,
+// and says so with a warning naming the map and the reason; a map of the
+// same layout and another size is copied.
+func TestReplacedMapSaysWhyItStartsEmpty(t *testing.T) {
+	cases := []struct {
+		name     string
+		newSpec  func(*ebpf.MapSpec)
+		wantWarn string // in the warning's text; "" for none
+		copied   int
+	}{
+		{"value layout changed", func(s *ebpf.MapSpec) { s.ValueSize += 8 }, "value size changed from 56 to 64 bytes", 0},
+		{"key layout changed", func(s *ebpf.MapSpec) { s.KeySize += 4 }, "key size changed from 16 to 20 bytes", 0},
+		{"larger", func(s *ebpf.MapSpec) { s.MaxEntries *= 2 }, "", 100},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := testenv.BPFFS(t)
+			pinned := ctSpec(1024)
+			pinned.Pinning = ebpf.PinByName
+			old, err := ebpf.NewMapWithOptions(pinned, ebpf.MapOptions{PinPath: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
+			fillConntrack(t, old, 100, false)
+			spec := ctSpec(1024)
+			c.newSpec(spec)
+			var logged bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&logged, nil))
+			why := spec.Compatible(old)
+			if why == nil {
+				t.Fatal("the new spec is compatible")
+			}
+			err = replacePinnedMap("conntrack", spec, old, filepath.Join(dir, "conntrack"),
+				migrations(DefaultOptions(), nil)["conntrack"], log, why)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var warning string
+			for _, line := range strings.Split(logged.String(), "\n") {
+				if strings.Contains(line, "level=WARN") && strings.Contains(line, "starts empty") {
+					warning = line
+				}
+			}
+			switch {
+			case c.wantWarn != "" && !strings.Contains(warning, c.wantWarn):
+				t.Errorf("log %q: want a warning that the map starts empty because %s", logged.String(), c.wantWarn)
+			case c.wantWarn == "" && warning != "":
+				t.Errorf("warning %q for a map whose entries were copied", warning)
+			}
+			if !strings.Contains(logged.String(), "entries_copied="+strconv.Itoa(c.copied)+" ") {
+				t.Errorf("log %q: want %d entries copied", logged.String(), c.copied)
+			}
+		})
+	}
+}
+
+// A conntrack shrunk below its flows keeps those seen last, for each
+// LRU map with a last-seen time (conntrack, nat, affinity use one).
+func TestShrunkConntrackKeepsRecentFlows(t *testing.T) {
+	cases := []struct {
+		name      string
+		from, to  uint32
+		flows     uint32
+		keepsMost uint32 // at least this many survive (an LRU evicts a little before it is full)
+	}{
+		{"to a quarter", 4096, 1024, 4096, 900},
+		{"to half, half full", 4096, 2048, 2048, 2000},
+		{"grown", 1024, 4096, 1024, 1024},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			from, err := ebpf.NewMap(ctSpec(c.from))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer from.Close()
+			to, err := ebpf.NewMap(ctSpec(c.to))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer to.Close()
+			fillConntrack(t, from, c.flows, false)
+			copied, _, err := migrations(DefaultOptions(), nil)["conntrack"](from, to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := min(c.flows, c.to); uint32(copied) != want {
+				t.Errorf("%d flows copied, want %d", copied, want)
+			}
+			// The flows seen last are those of the highest numbers.
+			oldestKept := c.flows - min(c.flows, c.to)
+			var key xdp.NicCtKey
+			var e xdp.NicCtEntry
+			kept, stale := 0, 0
+			iter := to.Iterate()
+			for iter.Next(&key, &e) {
+				kept++
+				if e.BackendId < oldestKept {
+					stale++
+				}
+			}
+			if err := iter.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if uint32(kept) < c.keepsMost {
+				t.Errorf("%d flows kept, want at least %d", kept, c.keepsMost)
+			}
+			if stale > 0 {
+				t.Errorf("%d of %d flows kept are older than the %d seen last", stale, kept, c.to)
+			}
+		})
+	}
+}
+
+// BenchmarkCopyConntrack copies a full conntrack of a million flows into
+// one as large and into one half as large (which keeps the flows seen
+// last). Needs root; run with -bench CopyConntrack -benchtime 1x.
+func BenchmarkCopyConntrack(b *testing.B) {
+	const flows = 1 << 20
+	for _, to := range []uint32{flows, flows / 2} {
+		b.Run(strconv.Itoa(int(to)), func(b *testing.B) {
+			testenv.RequirePrivileged(b)
+			from, err := ebpf.NewMap(ctSpec(flows))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer from.Close()
+			fillConntrack(b, from, flows, true)
+			copyCT := migrations(DefaultOptions(), nil)["conntrack"]
+			for b.Loop() {
+				b.StopTimer()
+				dst, err := ebpf.NewMap(ctSpec(to))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				began := time.Now()
+				copied, skipped, err := copyCT(from, dst)
+				b.Logf("%d flows into %d entries: %d copied, %d not, in %s", flows, to, copied, skipped, time.Since(began))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				dst.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}
