@@ -953,9 +953,9 @@ func (r *Reconciler) wanted() wantedSet {
 // written, so that the frontends map never has to take more than it
 // holds: a write that fails half-way would leave frontends in the map
 // that no record owns. It returns the record of each port refused: its
-// previous record, when that is in the map whole (the port stays as it
-// was), else one with no frontends (the port is not programmed); either
-// reports the port in its problems.
+// previous record, when that is in the maps whole, tables included (the
+// port stays as it was), else one with no frontends (the port is not
+// programmed); either reports the port in its problems.
 //
 // The frontends of ports that go make room first (write deletes them
 // before it writes any), then ports with frontends in the map take
@@ -1072,7 +1072,7 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 		}
 		problem := fmt.Sprintf("service port %s not programmed: its %d frontends do not fit in the frontends map of %d (raise --frontends-max)",
 			k, len(want), capacity)
-		if old != nil && len(old.frontends) > 0 && len(held) == len(old.frontends) {
+		if old != nil && len(old.frontends) > 0 && len(held) == len(old.frontends) && r.tablesInPlace(old) {
 			// Its previous version stays, frontends, tables and all.
 			kept := *old
 			kept.problems = []string{fmt.Sprintf("service port %s not updated: its %d frontends do not fit in the frontends map of %d "+
@@ -1096,7 +1096,7 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 // write that fails would fail again at every sync, and nothing after it
 // would be applied. ids are the ports' service ids (portIDs). It returns
 // the record of each port refused, as fitFrontends does: its previous
-// one if that is in the maps whole, else an empty one.
+// one if that is in the maps whole (whole), else an empty one.
 //
 // It counts what write does: the ranges that go are deleted before any
 // is written when no frontend left in the map checks them (their port
@@ -1232,9 +1232,12 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 	return refused
 }
 
-// whole reports whether rec's frontends and source ranges are all in the
-// maps as rec has them.
+// whole reports whether rec's frontends, source ranges and tables are all
+// in the maps as rec has them.
 func (r *Reconciler) whole(rec *portRecord) bool {
+	if !r.tablesInPlace(rec) {
+		return false
+	}
 	for k, v := range rec.frontends {
 		if cur, ok := r.frontends[k]; !ok || cur != v {
 			return false
@@ -1242,6 +1245,20 @@ func (r *Reconciler) whole(rec *portRecord) bool {
 	}
 	for _, sr := range rec.ranges {
 		if !r.ranges[sr] {
+			return false
+		}
+	}
+	return true
+}
+
+// tablesInPlace reports whether every table of rec is in the tables map
+// as rec has it. A record whose write failed may name tables that were
+// never installed (no digest, or the map holds another one): keeping such
+// a record as a port's previous version would leave its frontends on a
+// table that names backends this Apply may delete, so it is not kept.
+func (r *Reconciler) tablesInPlace(rec *portRecord) bool {
+	for id, t := range rec.tables {
+		if d, ok := r.tables[id]; !ok || t.digest == 0 || d != t.digest {
 			return false
 		}
 	}
