@@ -318,7 +318,7 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	// are keyed by service id, so the ids are chosen first.
 	ids := r.portIDs(keys, byKey)
 	refused := r.fitRanges(keys, byKey, ids, full)
-	maps.Copy(refused, r.fitFrontends(keys, byKey, full, refused))
+	maps.Copy(refused, r.fitFrontends(keys, byKey, ids, full, refused))
 	next := make(map[string]*portRecord, len(keys))
 	recs := make([]*portRecord, 0, len(keys))
 	for _, k := range keys {
@@ -962,12 +962,46 @@ func (r *Reconciler) wanted() wantedSet {
 // theirs before new ports do, so that a full Apply does not swap a
 // programmed port for a new one; within each, in the order of keys.
 //
+// On the first Apply after New no port has a record yet: a port holds the
+// pinned frontends of its own that carry its adopted service id (ids), so
+// that a restart does not swap a programmed port for another either.
+//
 // The ports in decided are refused already (by fitRanges) and take the
 // record given there: a previous version keeps its frontends, an empty
 // record releases them.
-func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, full bool,
-	decided map[string]*portRecord) map[string]*portRecord {
+func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, ids map[string]uint32,
+	full bool, decided map[string]*portRecord) map[string]*portRecord {
 	capacity := int(r.dp.FrontendCapacity())
+	// adopted are the ports without a record that hold pinned frontends
+	// under their adopted id: what they hold, as a record of only those.
+	adopted := map[string]*portRecord{}
+	adoptedOwner := map[dataplane.FrontendKey]string{}
+	if r.adopted != nil {
+		for _, k := range keys {
+			svc, id := byKey[k], ids[k]
+			if svc == nil || id == 0 || r.ports[k] != nil {
+				continue
+			}
+			for _, f := range svc.Frontends {
+				fk := frontendKey(f)
+				if fe, ok := r.frontends[fk]; ok && fe.SvcID == id && r.owner(fk) == "" {
+					if adopted[k] == nil {
+						adopted[k] = &portRecord{id: id, frontends: map[dataplane.FrontendKey]dataplane.Frontend{}}
+					}
+					adopted[k].frontends[fk] = fe
+					adoptedOwner[fk] = k
+				}
+			}
+		}
+	}
+	// prev is what port k had before this Apply: its record, or what it
+	// adopted.
+	prev := func(k string) *portRecord {
+		if old := r.ports[k]; old != nil {
+			return old
+		}
+		return adopted[k]
+	}
 	// moved overrides, for the frontends this Apply moves, which port
 	// holds each once it is written ("" for none).
 	moved := map[dataplane.FrontendKey]string{}
@@ -982,6 +1016,9 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 			return "", false
 		}
 		port := r.owner(k)
+		if port == "" {
+			port = adoptedOwner[k]
+		}
 		return port, port != "" || !full
 	}
 	used := len(r.frontends)
@@ -1016,14 +1053,14 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 	programmed := map[string]bool{}
 	for _, k := range keys {
 		if rec := decided[k]; byKey[k] == nil || rec != nil && len(rec.frontends) == 0 {
-			release(inMap(k, r.ports[k]))
+			release(inMap(k, prev(k)))
 			continue
 		}
 		if decided[k] != nil {
 			continue // keeps its frontends as they are
 		}
 		order = append(order, k)
-		programmed[k] = len(inMap(k, r.ports[k])) > 0
+		programmed[k] = len(inMap(k, prev(k))) > 0
 	}
 	slices.SortStableFunc(order, func(a, b string) int {
 		switch {
@@ -1039,7 +1076,7 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 	want := map[dataplane.FrontendKey]bool{} // the frontends of one port
 	for _, k := range order {
 		old := r.ports[k]
-		held := inMap(k, old)
+		held := inMap(k, prev(k))
 		clear(want)
 		added := 0
 		for _, f := range byKey[k].Frontends {
@@ -1107,8 +1144,8 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 // errs on the full side (a frontend checks ranges until it is surely
 // deleted; a port applied keeps its old ranges until the end), which may
 // refuse a port that would have fitted; that port is tried again at the
-// next change or full Apply. Ports with ranges in the map come first, as
-// in fitFrontends.
+// next change or full Apply. Ports with ranges in the map (after a
+// restart: under their adopted id) come first, as in fitFrontends.
 func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, ids map[string]uint32,
 	full bool) map[string]*portRecord {
 	capacity := int(r.dp.SourceRangeCapacity())
@@ -1181,7 +1218,14 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 		}
 	}
 
-	programmed := func(k string) bool { old := r.ports[k]; return old != nil && len(held[old.id]) > 0 }
+	// A port without a record holds the pinned ranges of its adopted id
+	// (on the first Apply after New).
+	programmed := func(k string) bool {
+		if old := r.ports[k]; old != nil {
+			return len(held[old.id]) > 0
+		}
+		return r.adopted != nil && len(held[ids[k]]) > 0
+	}
 	slices.SortStableFunc(order, func(a, b string) int {
 		switch pa, pb := programmed(a), programmed(b); {
 		case pa && !pb:

@@ -94,3 +94,23 @@ func TestKeptPortKeepsItsTables(t *testing.T) {
 	t.Logf("problems %q", res.Problems)
 	consistent(t, dp)
 }
+
+// After a restart the reconciler has no records: a port whose pinned
+// frontends carry its adopted service id counts as programmed, so an
+// unchanged, working port is not refused in favour of one that grew (and
+// was kept at its previous version before the restart).
+func TestRestartKeepsProgrammedPorts(t *testing.T) {
+	dp := newDatapath(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
+	h := &capacityHarness{t: t, dp: dp}
+	h.restart()
+	h.full(withEP(fePort("a", 1, 3), "10.244.1.1"), withEP(fePort("b", 2, 4), "10.244.2.1"))
+	res := h.change(nil, withEP(fePort("a", 1, 5), "10.244.1.1"))
+	t.Logf("before restart: %v problems %q", h.programmed(), res.Problems)
+	h.restart()
+	res = h.full(withEP(fePort("a", 1, 5), "10.244.1.1"), withEP(fePort("b", 2, 4), "10.244.2.1"))
+	got := h.programmed()
+	t.Logf("after restart: %v problems %q", got, res.Problems)
+	if got["b"] != 4 {
+		t.Errorf("unchanged port b lost its frontends over the restart: %v", got)
+	}
+}
