@@ -317,8 +317,21 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	// ranges or frontends do not fit get none of theirs written. Ranges
 	// are keyed by service id, so the ids are chosen first.
 	ids := r.portIDs(keys, byKey)
-	refused := r.fitRanges(keys, byKey, ids, full)
-	maps.Copy(refused, r.fitFrontends(keys, byKey, ids, full, refused))
+	refused := r.fitRanges(keys, byKey, ids, full, nil)
+	byFrontends := r.fitFrontends(keys, byKey, ids, full, refused)
+	recount := false
+	for k := range byFrontends {
+		recount = recount || len(refused) > 0 && len(byKey[k].SourceRanges) > 0
+	}
+	if recount {
+		// fitRanges counted the ranges of ports fitFrontends refused,
+		// which may have refused others: count again without them (they
+		// stay refused), then fit the frontends of the rest again.
+		refused = r.fitRanges(keys, byKey, ids, full, byFrontends)
+		maps.Copy(refused, byFrontends)
+		byFrontends = r.fitFrontends(keys, byKey, ids, full, refused)
+	}
+	maps.Copy(refused, byFrontends)
 	next := make(map[string]*portRecord, len(keys))
 	recs := make([]*portRecord, 0, len(keys))
 	for _, k := range keys {
@@ -966,7 +979,8 @@ func (r *Reconciler) wanted() wantedSet {
 // pinned frontends of its own that carry its adopted service id (ids), so
 // that a restart does not swap a programmed port for another either.
 //
-// The ports in decided are refused already (by fitRanges) and take the
+// The ports in decided are refused already (by fitRanges, or by a first
+// fitFrontends whose ranges were then recounted) and take the
 // record given there: a previous version keeps its frontends, an empty
 // record releases them.
 func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, ids map[string]uint32,
@@ -1146,8 +1160,11 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 // refuse a port that would have fitted; that port is tried again at the
 // next change or full Apply. Ports with ranges in the map (after a
 // restart: under their adopted id) come first, as in fitFrontends.
+//
+// The ports in skip are refused already (by fitFrontends): their new
+// ranges are not counted (those they have in the map are).
 func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, ids map[string]uint32,
-	full bool) map[string]*portRecord {
+	full bool, skip map[string]*portRecord) map[string]*portRecord {
 	capacity := int(r.dp.SourceRangeCapacity())
 	held := map[uint32]map[netip.Prefix]bool{}
 	for sr := range r.ranges {
@@ -1198,7 +1215,9 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 	applied := map[uint32]bool{}
 	for _, k := range keys {
 		if byKey[k] != nil && ids[k] != 0 {
-			order = append(order, k)
+			if skip[k] == nil {
+				order = append(order, k)
+			}
 			applied[ids[k]] = true
 		}
 	}

@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 
@@ -112,5 +113,31 @@ func TestRestartKeepsProgrammedPorts(t *testing.T) {
 	t.Logf("after restart: %v problems %q", got, res.Problems)
 	if got["b"] != 4 {
 		t.Errorf("unchanged port b lost its frontends over the restart: %v", got)
+	}
+}
+
+// The ranges of a port whose frontends do not fit are not counted: a port
+// after it in the order, whose ranges and frontends both fit, is
+// programmed rather than refused at every sync.
+func TestRangesOfRefusedPortsDoNotBlockOthers(t *testing.T) {
+	dp := newDatapath(t, func(o *loader.Options) {
+		o.FrontendsMax = frontendsMax
+		o.SourceRangesMax = sourceRangesMax
+	})
+	h := &capacityHarness{t: t, dp: dp}
+	h.restart()
+	big := withEP(rangedPort("big", 2, 6, 0), "10.244.2.1")
+	for i := 1; i <= frontendsMax; i++ { // 9 frontends: never fits
+		big.Frontends = append(big.Frontends, model.Frontend{Addr: netip.AddrFrom4([4]byte{198, 18, 20, byte(i)}),
+			Port: 80, Protocol: model.TCP, Kind: model.ExternalIP})
+	}
+	c := withEP(rangedPort("c", 3, 4, 0), "10.244.3.1")
+	var res = h.full(big, c)
+	for i := 0; i < 2; i++ {
+		res = h.full(big, c)
+	}
+	t.Logf("frontends %v ranges %v problems %q", h.programmed(), h.sourceRanges(), res.Problems)
+	if h.programmed()["c"] != 1 {
+		t.Errorf("c (4 ranges, 1 frontend) not programmed into empty maps of 8")
 	}
 }
