@@ -334,13 +334,20 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	maps.Copy(refused, byFrontends)
 	next := make(map[string]*portRecord, len(keys))
 	recs := make([]*portRecord, 0, len(keys))
+	var dropIDs []uint32 // ids of ports refused as empty, freed once the Apply goes ahead
 	for _, k := range keys {
 		switch svc := byKey[k]; {
 		case svc == nil:
 			next[k] = nil
 		case refused[k] != nil:
 			if id := ids[k]; id != 0 && id != refused[k].id {
-				r.releaseID(id) // allocated for the port's new version
+				if old := r.ports[k]; old != nil && old.id == id {
+					// The port's current id: its record stays if
+					// this Apply stops below.
+					dropIDs = append(dropIDs, id)
+				} else {
+					r.releaseID(id) // allocated for the port's new version
+				}
 			}
 			next[k] = refused[k]
 		default:
@@ -353,6 +360,9 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	if err := ctx.Err(); err != nil {
 		r.release(next)
 		return res, err
+	}
+	for _, id := range dropIDs {
+		r.releaseID(id)
 	}
 
 	// Tables under ids the outer map does not hold yet go in while the
