@@ -317,17 +317,37 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	// ranges or frontends do not fit get none of theirs written. Ranges
 	// are keyed by service id, so the ids are chosen first.
 	ids := r.portIDs(keys, byKey)
-	refused := r.fitRanges(keys, byKey, ids, full)
-	maps.Copy(refused, r.fitFrontends(keys, byKey, full, refused))
+	refused := r.fitRanges(keys, byKey, ids, full, nil)
+	byFrontends := r.fitFrontends(keys, byKey, ids, full, refused)
+	recount := false
+	for k := range byFrontends {
+		recount = recount || len(refused) > 0 && len(byKey[k].SourceRanges) > 0
+	}
+	if recount {
+		// fitRanges counted the ranges of ports fitFrontends refused,
+		// which may have refused others: count again without them (they
+		// stay refused), then fit the frontends of the rest again.
+		refused = r.fitRanges(keys, byKey, ids, full, byFrontends)
+		maps.Copy(refused, byFrontends)
+		byFrontends = r.fitFrontends(keys, byKey, ids, full, refused)
+	}
+	maps.Copy(refused, byFrontends)
 	next := make(map[string]*portRecord, len(keys))
 	recs := make([]*portRecord, 0, len(keys))
+	var dropIDs []uint32 // ids of ports refused as empty, freed once the Apply goes ahead
 	for _, k := range keys {
 		switch svc := byKey[k]; {
 		case svc == nil:
 			next[k] = nil
 		case refused[k] != nil:
 			if id := ids[k]; id != 0 && id != refused[k].id {
-				r.releaseID(id) // allocated for the port's new version
+				if old := r.ports[k]; old != nil && old.id == id {
+					// The port's current id: its record stays if
+					// this Apply stops below.
+					dropIDs = append(dropIDs, id)
+				} else {
+					r.releaseID(id) // allocated for the port's new version
+				}
 			}
 			next[k] = refused[k]
 		default:
@@ -340,6 +360,9 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	if err := ctx.Err(); err != nil {
 		r.release(next)
 		return res, err
+	}
+	for _, id := range dropIDs {
+		r.releaseID(id)
 	}
 
 	// Tables under ids the outer map does not hold yet go in while the
@@ -953,21 +976,56 @@ func (r *Reconciler) wanted() wantedSet {
 // written, so that the frontends map never has to take more than it
 // holds: a write that fails half-way would leave frontends in the map
 // that no record owns. It returns the record of each port refused: its
-// previous record, when that is in the map whole (the port stays as it
-// was), else one with no frontends (the port is not programmed); either
-// reports the port in its problems.
+// previous record, when that is in the maps whole, tables included (the
+// port stays as it was), else one with no frontends (the port is not
+// programmed); either reports the port in its problems.
 //
 // The frontends of ports that go make room first (write deletes them
 // before it writes any), then ports with frontends in the map take
 // theirs before new ports do, so that a full Apply does not swap a
 // programmed port for a new one; within each, in the order of keys.
 //
-// The ports in decided are refused already (by fitRanges) and take the
+// On the first Apply after New no port has a record yet: a port holds the
+// pinned frontends of its own that carry its adopted service id (ids), so
+// that a restart does not swap a programmed port for another either.
+//
+// The ports in decided are refused already (by fitRanges, or by a first
+// fitFrontends whose ranges were then recounted) and take the
 // record given there: a previous version keeps its frontends, an empty
 // record releases them.
-func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, full bool,
-	decided map[string]*portRecord) map[string]*portRecord {
+func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, ids map[string]uint32,
+	full bool, decided map[string]*portRecord) map[string]*portRecord {
 	capacity := int(r.dp.FrontendCapacity())
+	// adopted are the ports without a record that hold pinned frontends
+	// under their adopted id: what they hold, as a record of only those.
+	adopted := map[string]*portRecord{}
+	adoptedOwner := map[dataplane.FrontendKey]string{}
+	if r.adopted != nil {
+		for _, k := range keys {
+			svc, id := byKey[k], ids[k]
+			if svc == nil || id == 0 || r.ports[k] != nil {
+				continue
+			}
+			for _, f := range svc.Frontends {
+				fk := frontendKey(f)
+				if fe, ok := r.frontends[fk]; ok && fe.SvcID == id && r.owner(fk) == "" {
+					if adopted[k] == nil {
+						adopted[k] = &portRecord{id: id, frontends: map[dataplane.FrontendKey]dataplane.Frontend{}}
+					}
+					adopted[k].frontends[fk] = fe
+					adoptedOwner[fk] = k
+				}
+			}
+		}
+	}
+	// prev is what port k had before this Apply: its record, or what it
+	// adopted.
+	prev := func(k string) *portRecord {
+		if old := r.ports[k]; old != nil {
+			return old
+		}
+		return adopted[k]
+	}
 	// moved overrides, for the frontends this Apply moves, which port
 	// holds each once it is written ("" for none).
 	moved := map[dataplane.FrontendKey]string{}
@@ -982,6 +1040,9 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 			return "", false
 		}
 		port := r.owner(k)
+		if port == "" {
+			port = adoptedOwner[k]
+		}
 		return port, port != "" || !full
 	}
 	used := len(r.frontends)
@@ -1016,14 +1077,14 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 	programmed := map[string]bool{}
 	for _, k := range keys {
 		if rec := decided[k]; byKey[k] == nil || rec != nil && len(rec.frontends) == 0 {
-			release(inMap(k, r.ports[k]))
+			release(inMap(k, prev(k)))
 			continue
 		}
 		if decided[k] != nil {
 			continue // keeps its frontends as they are
 		}
 		order = append(order, k)
-		programmed[k] = len(inMap(k, r.ports[k])) > 0
+		programmed[k] = len(inMap(k, prev(k))) > 0
 	}
 	slices.SortStableFunc(order, func(a, b string) int {
 		switch {
@@ -1039,7 +1100,7 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 	want := map[dataplane.FrontendKey]bool{} // the frontends of one port
 	for _, k := range order {
 		old := r.ports[k]
-		held := inMap(k, old)
+		held := inMap(k, prev(k))
 		clear(want)
 		added := 0
 		for _, f := range byKey[k].Frontends {
@@ -1072,7 +1133,7 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 		}
 		problem := fmt.Sprintf("service port %s not programmed: its %d frontends do not fit in the frontends map of %d (raise --frontends-max)",
 			k, len(want), capacity)
-		if old != nil && len(old.frontends) > 0 && len(held) == len(old.frontends) {
+		if old != nil && len(old.frontends) > 0 && len(held) == len(old.frontends) && r.tablesInPlace(old) {
 			// Its previous version stays, frontends, tables and all.
 			kept := *old
 			kept.problems = []string{fmt.Sprintf("service port %s not updated: its %d frontends do not fit in the frontends map of %d "+
@@ -1096,7 +1157,7 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 // write that fails would fail again at every sync, and nothing after it
 // would be applied. ids are the ports' service ids (portIDs). It returns
 // the record of each port refused, as fitFrontends does: its previous
-// one if that is in the maps whole, else an empty one.
+// one if that is in the maps whole (whole), else an empty one.
 //
 // It counts what write does: the ranges that go are deleted before any
 // is written when no frontend left in the map checks them (their port
@@ -1107,10 +1168,13 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 // errs on the full side (a frontend checks ranges until it is surely
 // deleted; a port applied keeps its old ranges until the end), which may
 // refuse a port that would have fitted; that port is tried again at the
-// next change or full Apply. Ports with ranges in the map come first, as
-// in fitFrontends.
+// next change or full Apply. Ports with ranges in the map (after a
+// restart: under their adopted id) come first, as in fitFrontends.
+//
+// The ports in skip are refused already (by fitFrontends): their new
+// ranges are not counted (those they have in the map are).
 func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, ids map[string]uint32,
-	full bool) map[string]*portRecord {
+	full bool, skip map[string]*portRecord) map[string]*portRecord {
 	capacity := int(r.dp.SourceRangeCapacity())
 	held := map[uint32]map[netip.Prefix]bool{}
 	for sr := range r.ranges {
@@ -1161,7 +1225,9 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 	applied := map[uint32]bool{}
 	for _, k := range keys {
 		if byKey[k] != nil && ids[k] != 0 {
-			order = append(order, k)
+			if skip[k] == nil {
+				order = append(order, k)
+			}
 			applied[ids[k]] = true
 		}
 	}
@@ -1181,7 +1247,14 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 		}
 	}
 
-	programmed := func(k string) bool { old := r.ports[k]; return old != nil && len(held[old.id]) > 0 }
+	// A port without a record holds the pinned ranges of its adopted id
+	// (on the first Apply after New).
+	programmed := func(k string) bool {
+		if old := r.ports[k]; old != nil {
+			return len(held[old.id]) > 0
+		}
+		return r.adopted != nil && len(held[ids[k]]) > 0
+	}
 	slices.SortStableFunc(order, func(a, b string) int {
 		switch pa, pb := programmed(a), programmed(b); {
 		case pa && !pb:
@@ -1232,9 +1305,12 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 	return refused
 }
 
-// whole reports whether rec's frontends and source ranges are all in the
-// maps as rec has them.
+// whole reports whether rec's frontends, source ranges and tables are all
+// in the maps as rec has them.
 func (r *Reconciler) whole(rec *portRecord) bool {
+	if !r.tablesInPlace(rec) {
+		return false
+	}
 	for k, v := range rec.frontends {
 		if cur, ok := r.frontends[k]; !ok || cur != v {
 			return false
@@ -1242,6 +1318,20 @@ func (r *Reconciler) whole(rec *portRecord) bool {
 	}
 	for _, sr := range rec.ranges {
 		if !r.ranges[sr] {
+			return false
+		}
+	}
+	return true
+}
+
+// tablesInPlace reports whether every table of rec is in the tables map
+// as rec has it. A record whose write failed may name tables that were
+// never installed (no digest, or the map holds another one): keeping such
+// a record as a port's previous version would leave its frontends on a
+// table that names backends this Apply may delete, so it is not kept.
+func (r *Reconciler) tablesInPlace(rec *portRecord) bool {
+	for id, t := range rec.tables {
+		if d, ok := r.tables[id]; !ok || t.digest == 0 || d != t.digest {
 			return false
 		}
 	}
