@@ -81,6 +81,7 @@ func TestSourceRangesMapCapacity(t *testing.T) {
 		// third octet of each port's ranges and how many.
 		wantRanges   map[string][2]int
 		wantRefused  []string       // services named in the last sync's problems
+		wantClosed   bool           // the problems say the refused port is closed
 		wantFronts   map[string]int // frontends in the map, by service
 		wantTableIDs int
 	}{
@@ -118,6 +119,49 @@ func TestSourceRangesMapCapacity(t *testing.T) {
 			wantTableIDs: 2,
 		},
 		{
+			// Keeping the old ranges would admit the clients the
+			// narrowing just excluded.
+			name: "a port that narrows its ranges past the room left is closed, not kept",
+			run: func(h *capacityHarness) reconcile.Result {
+				h.full(rangedPort("a", 1, 5, 0), rangedPort("b", 2, 3, 0))
+				a := rangedPort("a", 1, 4, 0) // 10.1.4.0/24 becomes its lower half
+				a.SourceRanges = append(a.SourceRanges, netip.MustParsePrefix("10.1.4.0/25"))
+				return h.change(nil, a)
+			},
+			wantRanges:   map[string][2]int{"b": {0, 3}},
+			wantClosed:   true,
+			wantRefused:  []string{"a"},
+			wantFronts:   map[string]int{"b": 1},
+			wantTableIDs: 1,
+		},
+		{
+			name: "a port that widens its ranges past the room left keeps its previous version",
+			run: func(h *capacityHarness) reconcile.Result {
+				h.full(rangedPort("a", 1, 5, 0), rangedPort("b", 2, 3, 0))
+				a := rangedPort("a", 1, 0, 0)
+				a.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}
+				return h.change(nil, a)
+			},
+			wantRanges:   map[string][2]int{"a": {0, 5}, "b": {0, 3}},
+			wantRefused:  []string{"a"},
+			wantFronts:   map[string]int{"a": 1, "b": 1},
+			wantTableIDs: 2,
+		},
+		{
+			name: "a port open to all whose new ranges do not fit is closed, not kept",
+			run: func(h *capacityHarness) reconcile.Result {
+				a := rangedPort("a", 1, 0, 0)
+				a.SourceRangesSet = false
+				h.full(a, rangedPort("b", 2, sourceRangesMax, 0))
+				return h.change(nil, rangedPort("a", 1, 1, 0))
+			},
+			wantRanges:   map[string][2]int{"b": {0, sourceRangesMax}},
+			wantClosed:   true,
+			wantRefused:  []string{"a"},
+			wantFronts:   map[string]int{"b": 1},
+			wantTableIDs: 1,
+		},
+		{
 			name: "the ranges of a port that goes make room first",
 			run: func(h *capacityHarness) reconcile.Result {
 				h.full(rangedPort("a", 1, 6, 0))
@@ -139,16 +183,15 @@ func TestSourceRangesMapCapacity(t *testing.T) {
 		},
 		{
 			// Deleting the old ranges first would drop the port's
-			// clients until the new ones are in.
-			name: "a port that changes its ranges without room for both keeps its previous ones",
+			// clients until the new ones are in; keeping them would
+			// admit the clients the new ones exclude.
+			name: "a port that replaces its ranges without room for both is closed, not kept",
 			run: func(h *capacityHarness) reconcile.Result {
 				h.full(rangedPort("a", 1, 5, 0))
 				return h.change(nil, rangedPort("a", 1, 5, 10))
 			},
-			wantRanges:   map[string][2]int{"a": {0, 5}},
-			wantRefused:  []string{"a"},
-			wantFronts:   map[string]int{"a": 1},
-			wantTableIDs: 1,
+			wantClosed:  true,
+			wantRefused: []string{"a"},
 		},
 		{
 			name: "a port that drops its ranges frees them",
@@ -252,6 +295,9 @@ func TestSourceRangesMapCapacity(t *testing.T) {
 				if !strings.Contains(p, "source ranges") || !strings.Contains(p, "--services-max") {
 					t.Errorf("unexpected problem %q", p)
 					continue
+				}
+				if closed := strings.Contains(p, "closed until they fit"); closed != c.wantClosed {
+					t.Errorf("problem %q: says closed %v, want %v", p, closed, c.wantClosed)
 				}
 				for _, name := range []string{"a", "b", "c", "big"} {
 					if strings.Contains(p, "default/"+name+"/") {

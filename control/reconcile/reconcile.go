@@ -1157,7 +1157,8 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 // write that fails would fail again at every sync, and nothing after it
 // would be applied. ids are the ports' service ids (portIDs). It returns
 // the record of each port refused, as fitFrontends does: its previous
-// one if that is in the maps whole (whole), else an empty one.
+// one if that is in the maps whole (whole) and admits no client the new
+// ranges deny (narrowedBy), else an empty one.
 //
 // It counts what write does: the ranges that go are deleted before any
 // is written when no frontend left in the map checks them (their port
@@ -1286,6 +1287,18 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 			continue
 		}
 		old := r.ports[k]
+		if old != nil && old.narrowedBy(svc) {
+			// Keeping the previous version would admit clients the
+			// new ranges exclude: fail closed instead.
+			refused[k] = &portRecord{
+				frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
+				tables:    map[uint32]*tableRecord{},
+				problems: []string{fmt.Sprintf("service port %s not programmed: its %d source ranges do not fit in what "+
+					"the source ranges map of %d leaves (raise --services-max, which sizes it); they admit fewer "+
+					"clients than its previous version, so it is closed until they fit", k, len(want), capacity)},
+			}
+			continue
+		}
 		if old != nil && old.id == id && len(old.frontends) > 0 && r.whole(old) {
 			// Its previous version stays, ranges, frontends, tables and all.
 			kept := *old
@@ -1303,6 +1316,57 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 		}
 	}
 	return refused
+}
+
+// narrowedBy reports whether rec, a port's previous version, admits a
+// client on one of its frontends that svc, the port's new spec, would
+// deny there: a LoadBalancer frontend of svc with source ranges that rec
+// has without any (open to all), or ranges of rec that svc's do not
+// cover (rangesCover). Such a previous version must not stand in for a
+// refused svc.
+func (rec *portRecord) narrowedBy(svc *model.Service) bool {
+	if !svc.SourceRangesSet {
+		return false // svc admits every client
+	}
+	restricted := false
+	for _, f := range svc.Frontends {
+		if f.Kind != model.LoadBalancer {
+			continue
+		}
+		fe, ok := rec.frontends[frontendKey(f)]
+		if !ok {
+			continue
+		}
+		if fe.Flags&dataplane.FrontendSourceRanges == 0 {
+			return true
+		}
+		restricted = true
+	}
+	if !restricted {
+		return false
+	}
+	old := make([]netip.Prefix, 0, len(rec.ranges))
+	for _, sr := range rec.ranges {
+		old = append(old, sr.Prefix)
+	}
+	return !rangesCover(svc.SourceRanges, old)
+}
+
+// rangesCover reports whether every address in one of the prefixes old
+// is in one of the prefixes cover: whether each of old is contained in
+// (no longer than, and overlapping) some prefix of cover. A prefix split
+// across several of cover (a /24 as its two /25s) counts as not covered,
+// which errs on the closed side.
+func rangesCover(cover, old []netip.Prefix) bool {
+	for _, o := range old {
+		o = o.Masked()
+		if !slices.ContainsFunc(cover, func(c netip.Prefix) bool {
+			return c.Bits() <= o.Bits() && c.Contains(o.Addr())
+		}) {
+			return false
+		}
+	}
+	return true
 }
 
 // whole reports whether rec's frontends, source ranges and tables are all
