@@ -166,6 +166,22 @@ func TestFrontendsMapCapacity(t *testing.T) {
 			wantTableIDs: 2,
 		},
 		{
+			// Its previous version would admit clients its new source
+			// ranges exclude: the port is closed, not kept.
+			name: "a port that grows past the room left and narrows its ranges is closed",
+			run: func(h *capacityHarness) reconcile.Result {
+				h.full(fePort("a", 1, 3), fePort("b", 2, 4))
+				grown := fePort("a", 1, 5)
+				grown.Frontends[0].Kind = model.LoadBalancer
+				grown.SourceRangesSet = true
+				grown.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24")}
+				return h.change(nil, grown)
+			},
+			want:         map[string]int{"b": 4},
+			wantRefused:  []string{"a"},
+			wantTableIDs: 1,
+		},
+		{
 			name: "a refused port is programmed by the full Apply after room is made",
 			run: func(h *capacityHarness) reconcile.Result {
 				h.full(fePort("a", 1, 3), fePort("b", 2, 4))

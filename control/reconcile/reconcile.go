@@ -1133,7 +1133,10 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 		}
 		problem := fmt.Sprintf("service port %s not programmed: its %d frontends do not fit in the frontends map of %d (raise --frontends-max)",
 			k, len(want), capacity)
-		if old != nil && len(old.frontends) > 0 && len(held) == len(old.frontends) && r.tablesInPlace(old) {
+		// A previous version that admits clients the new ranges deny
+		// does not stand in for the port: it is closed instead.
+		if old != nil && len(old.frontends) > 0 && len(held) == len(old.frontends) && r.tablesInPlace(old) &&
+			!old.narrowedBy(byKey[k]) {
 			// Its previous version stays, frontends, tables and all.
 			kept := *old
 			kept.problems = []string{fmt.Sprintf("service port %s not updated: its %d frontends do not fit in the frontends map of %d "+
