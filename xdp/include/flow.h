@@ -44,9 +44,9 @@ enum flow_verdict {
 struct flow_result {
 	struct ct_key key;
 	struct ct_entry fresh;
-	/* FIB result toward the backend of a new flow (fib_rc < 0: none). */
+	/* FIB lookup parameters and result: toward a new flow's backend
+	 * (flow_start), then TC's route of the packet (tc_translate_and_send). */
 	struct bpf_fib_lookup fib;
-	int fib_rc;
 	enum stat reason;
 };
 
@@ -193,8 +193,8 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	/* With the packet's length, so the route's MTU is checked: a packet
 	 * too big (or a GSO packet, from TC) caches no next hop, and the hook
 	 * routes it again, answering or measuring it by its segments. */
-	res->fib_rc = fib_lookup_ipv4(ctx, ifindex, pkt, fresh->backend_addr, &res->fib);
-	if (res->fib_rc == BPF_FIB_LKUP_RET_SUCCESS) {
+	if (fib_lookup_ipv4(ctx, ifindex, pkt, fresh->backend_addr, &res->fib) ==
+	    BPF_FIB_LKUP_RET_SUCCESS) {
 		fresh->hop.ifindex = res->fib.ifindex;
 		__builtin_memcpy(fresh->hop.dmac, res->fib.dmac, ETH_ALEN);
 		__builtin_memcpy(fresh->hop.smac, res->fib.smac, ETH_ALEN);
@@ -268,7 +268,6 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
 {
 	struct ct_entry *ct;
 
-	res->fib_rc = -1;
 	ct_key_from_packet(pkt, &res->key);
 	/* A SYN starts a connection: skip the lookup that would miss; the
 	 * NOEXIST insert in flow_start catches a tuple that is tracked. */

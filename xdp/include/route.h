@@ -43,16 +43,25 @@ static __always_inline int fib_lookup_ipv4(void *ctx, __u32 ifindex, const struc
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 }
 
-/* Route a packet as it will leave once translated: from saddr:sport to
- * daddr:dport, as if it had arrived on ifindex. */
-static __always_inline int fib_lookup_translated(void *ctx, __u32 ifindex, const struct packet *pkt,
-						 __be32 saddr, __be16 sport, __be32 daddr,
-						 __be16 dport, struct bpf_fib_lookup *fib)
+/* The parameters of a FIB lookup of a packet as it will leave once
+ * translated: from saddr:sport to daddr:dport, as if it had arrived on
+ * ifindex. */
+static __always_inline void fib_params_translated(__u32 ifindex, const struct packet *pkt,
+						  __be32 saddr, __be16 sport, __be32 daddr,
+						  __be16 dport, struct bpf_fib_lookup *fib)
 {
 	fib_params_ipv4(ifindex, pkt, daddr, fib);
 	fib->ipv4_src = saddr;
 	fib->sport = sport;
 	fib->dport = dport;
+}
+
+/* Route a packet as it will leave once translated (fib_params_translated). */
+static __always_inline int fib_lookup_translated(void *ctx, __u32 ifindex, const struct packet *pkt,
+						 __be32 saddr, __be16 sport, __be32 daddr,
+						 __be16 dport, struct bpf_fib_lookup *fib)
+{
+	fib_params_translated(ifindex, pkt, saddr, sport, daddr, dport, fib);
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 }
 

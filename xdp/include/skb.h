@@ -186,10 +186,7 @@ static __always_inline int skb_route(struct __sk_buff *skb, const struct packet 
 			break;
 		}
 	}
-	fib_params_ipv4(ifindex, pkt, daddr, fib);
-	fib->ipv4_src = saddr;
-	fib->sport = sport;
-	fib->dport = dport;
+	fib_params_translated(ifindex, pkt, saddr, sport, daddr, dport, fib);
 	if (skb->gso_size)
 		fib->tot_len = 0;
 	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
