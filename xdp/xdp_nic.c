@@ -211,15 +211,11 @@ int xdplb_nic(struct xdp_md *ctx)
 	if (port_has_frontend(pkt.dport))
 		return serve_frontend_port(ctx, &pkt, cfg);
 	if (snat_port_in_range(cfg, pkt.dport)) {
-		struct nat_key key = {
-			.saddr = pkt.saddr,
-			.daddr = pkt.daddr,
-			.sport = pkt.sport,
-			.dport = pkt.dport,
-			.proto = pkt.proto,
-		};
-		struct nat_entry *rev = reverse_lookup(&key);
+		struct nat_entry *rev;
+		struct nat_key key;
 
+		nat_key_set(&key, pkt.saddr, pkt.daddr, pkt.sport, pkt.dport, pkt.proto);
+		rev = reverse_lookup(&key);
 		if (rev)
 			return serve_reply(ctx, &pkt, &key, rev);
 	}

@@ -12,6 +12,7 @@
 
 #include "maps.h"
 #include "parse.h"
+#include "tuple.h"
 
 static __always_inline struct datapath_config *config_get(void)
 {
@@ -22,12 +23,7 @@ static __always_inline struct datapath_config *config_get(void)
 
 static __always_inline void ct_key_from_packet(const struct packet *pkt, struct ct_key *key)
 {
-	key->saddr = pkt->saddr;
-	key->daddr = pkt->daddr;
-	key->sport = pkt->sport;
-	key->dport = pkt->dport;
-	key->proto = pkt->proto;
-	key->pad[0] = key->pad[1] = key->pad[2] = 0;
+	ct_key_set(key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
 }
 
 /* Is the TCP connection past its handshake and not closing? */

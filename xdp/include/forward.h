@@ -26,14 +26,20 @@ struct xdp_handoff {
 
 #define XDP_HANDOFF_MAGIC 0x784c4246 /* "xLBF" */
 
+/*
+ * TTL minus one, and the header checksum updated for it (RFC 1624): the
+ * 16-bit word (TTL, protocol) drops by 0x0100, so the checksum rises by
+ * as much, with the end-around carry. Computed from the old checksum
+ * alone: reading the word back after writing its TTL byte would stall the
+ * CPU on a partial store.
+ */
 static __always_inline void ip_decrease_ttl(struct iphdr *ip)
 {
-	/* TTL shares a 16-bit checksum word with the protocol byte. */
-	__u16 *word = (__u16 *)&ip->ttl;
-	__u16 before = *word;
+	__u32 check = ip->check;
 
+	check += bpf_htons(0x0100);
+	ip->check = (__u16)(check + (check >= 0xffff));
 	ip->ttl--;
-	ip->check = csum_apply(ip->check, csum_delta16(0, before, *word));
 }
 
 /* Pass a translated packet up for the TC program to redirect. */

@@ -80,14 +80,10 @@ static __always_inline int icmp_about_forward(const struct packet *pkt,
 					      struct icmp_rewrite *rw)
 {
 	struct nat_entry *entry;
-	struct nat_key key = {
-		.saddr = quote->ip.daddr,
-		.daddr = quote->ip.saddr,
-		.sport = quote->dport,
-		.dport = quote->sport,
-		.proto = quote->ip.protocol,
-	};
+	struct nat_key key;
 
+	nat_key_set(&key, quote->ip.daddr, quote->ip.saddr, quote->dport, quote->sport,
+		    quote->ip.protocol);
 	entry = reverse_lookup(&key);
 	if (!entry)
 		return -1;
@@ -108,14 +104,10 @@ static __always_inline int icmp_about_reply(const struct packet *pkt,
 					    struct icmp_rewrite *rw)
 {
 	struct ct_entry *ct;
-	struct ct_key flow = {
-		.saddr = quote->ip.daddr,
-		.daddr = quote->ip.saddr,
-		.sport = quote->dport,
-		.dport = quote->sport,
-		.proto = quote->ip.protocol,
-	};
+	struct ct_key flow;
 
+	ct_key_set(&flow, quote->ip.daddr, quote->ip.saddr, quote->dport, quote->sport,
+		   quote->ip.protocol);
 	ct = bpf_map_lookup_elem(&conntrack, &flow);
 	if (!ct)
 		return -1;

@@ -69,17 +69,12 @@
 static __always_inline void nat_key_of(const struct ct_key *flow, const struct ct_entry *ct,
 				       struct nat_key *key)
 {
-	key->saddr = ct->backend_addr;
-	key->sport = ct->backend_port;
-	if (ct->flags & CT_F_SNAT) {
-		key->daddr = ct->nat_addr;
-		key->dport = ct->nat_port;
-	} else {
-		key->daddr = flow->saddr;
-		key->dport = flow->sport;
-	}
-	key->proto = flow->proto;
-	key->pad[0] = key->pad[1] = key->pad[2] = 0;
+	if (ct->flags & CT_F_SNAT)
+		nat_key_set(key, ct->backend_addr, ct->nat_addr, ct->backend_port, ct->nat_port,
+			    flow->proto);
+	else
+		nat_key_set(key, ct->backend_addr, flow->saddr, ct->backend_port, flow->sport,
+			    flow->proto);
 }
 
 static __always_inline void nat_entry_of(const struct ct_key *flow, const struct ct_entry *ct,
@@ -115,12 +110,8 @@ static __always_inline int nat_keys_equal(const struct nat_key *a, const struct 
 static __always_inline void ct_key_of_nat(const struct nat_key *key, const struct nat_entry *entry,
 					  struct ct_key *flow)
 {
-	flow->saddr = entry->client_addr;
-	flow->daddr = entry->frontend_addr;
-	flow->sport = entry->client_port;
-	flow->dport = entry->frontend_port;
-	flow->proto = key->proto;
-	flow->pad[0] = flow->pad[1] = flow->pad[2] = 0;
+	ct_key_set(flow, entry->client_addr, entry->frontend_addr, entry->client_port,
+		   entry->frontend_port, key->proto);
 }
 
 /* The forward key and entry a reverse entry stands for. */

@@ -108,15 +108,11 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct packet *pkt,
 /* Look for a reverse entry matching the packet as a reply. */
 static __always_inline int tc_try_reply(struct __sk_buff *skb, struct packet *pkt)
 {
-	struct nat_key key = {
-		.saddr = pkt->saddr,
-		.daddr = pkt->daddr,
-		.sport = pkt->sport,
-		.dport = pkt->dport,
-		.proto = pkt->proto,
-	};
-	struct nat_entry *rev = reverse_lookup(&key);
+	struct nat_entry *rev;
+	struct nat_key key;
 
+	nat_key_set(&key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
+	rev = reverse_lookup(&key);
 	if (!rev)
 		return -1;
 	return tc_reply(skb, pkt, &key, rev);
