@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -270,6 +271,7 @@ func (d *Datapath) writeConfig() error {
 		HairpinAddr:             xdp.AddrToNet(d.opts.HairpinAddr),
 		SnatBuckets:             d.opts.SNATBuckets(),
 		NetnsCookie:             netnsCookie(),
+		IcmpIntervalNs:          icmpInterval(d.opts.ICMPRate),
 		// SnatSpillsMarked stays 0: the datapath may run over maps an
 		// older version spilled into without marking; the agent lets it
 		// trust the marks once it has checked (dataplane.TrustSNATSpillMarks).
@@ -278,6 +280,14 @@ func (d *Datapath) writeConfig() error {
 		return fmt.Errorf("write datapath config: %w", err)
 	}
 	return nil
+}
+
+// icmpInterval is the spacing of ICMP errors at rate a second (0: none).
+func icmpInterval(rate uint32) uint32 {
+	if rate == 0 {
+		return 0
+	}
+	return uint32(time.Second) / rate
 }
 
 // sizeMaps sets every map's capacity from the options.

@@ -34,7 +34,14 @@ type Options struct {
 	// HairpinAddr is the source address of hairpin flows (a pod reaching
 	// itself through a service); link-local, never on the wire.
 	HairpinAddr netip.Addr
+	// ICMPRate limits the ICMP errors the datapath builds (port
+	// unreachable, fragmentation needed) to this many a second per CPU,
+	// after a burst of 50, as the kernel limits its own; 0: no limit.
+	ICMPRate uint32
 }
+
+// MaxICMPRate is the highest ICMPRate: one error a nanosecond.
+const MaxICMPRate = uint32(time.Second)
 
 // DefaultOptions are sized for a large edge node: half a million tracked
 // flows and 64k service ports fit in well under 1 GiB of map memory.
@@ -55,6 +62,7 @@ func DefaultOptions() Options {
 		SNATPortMin:           40000,
 		SNATPortMax:           60999,
 		HairpinAddr:           netip.MustParseAddr("169.254.42.1"),
+		ICMPRate:              1000,
 	}
 }
 
@@ -109,6 +117,9 @@ func (o Options) Validate() error {
 	}
 	if o.SNATPortMin == 0 || o.SNATPortMin > o.SNATPortMax {
 		errs = append(errs, fmt.Errorf("SNAT port range %d-%d is empty", o.SNATPortMin, o.SNATPortMax))
+	}
+	if o.ICMPRate > MaxICMPRate {
+		errs = append(errs, fmt.Errorf("ICMP rate %d is above %d a second", o.ICMPRate, MaxICMPRate))
 	}
 	if !o.HairpinAddr.Is4() {
 		errs = append(errs, fmt.Errorf("hairpin address %s is not IPv4", o.HairpinAddr))

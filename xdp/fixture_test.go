@@ -236,32 +236,41 @@ func (f *fixture) run(frame []byte, ifindex int) result {
 	f.t.Helper()
 	var res result
 	err := f.ns.Do(func() error {
-		out := make([]byte, len(frame)+256)
-		ctxIn := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}
-		var ctxOut xdpMD
-		opts := &ebpf.RunOptions{
-			Data:       frame,
-			DataOut:    out,
-			Context:    ctxIn,
-			ContextOut: &ctxOut,
-		}
-		ret, err := f.prog.Run(opts)
-		if err != nil {
-			return err
-		}
-		out = opts.DataOut
-		res.verdict = ret
-		// DataOut is trimmed to the output size; the first ctxOut.Data
-		// bytes are metadata.
-		metaLen := ctxOut.Data
-		res.meta = append([]byte(nil), out[:metaLen]...)
-		res.out = append([]byte(nil), out[metaLen:]...)
-		return nil
+		var err error
+		res, err = runXDP(f.prog, frame, ifindex)
+		return err
 	})
 	if err != nil {
 		f.t.Fatalf("run XDP program: %v", err)
 	}
 	return res
+}
+
+// runXDP runs an XDP program on one frame on the calling thread, which
+// must be in the fixture's namespace.
+func runXDP(prog *ebpf.Program, frame []byte, ifindex int) (result, error) {
+	var res result
+	out := make([]byte, len(frame)+256)
+	ctxIn := xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}
+	var ctxOut xdpMD
+	opts := &ebpf.RunOptions{
+		Data:       frame,
+		DataOut:    out,
+		Context:    ctxIn,
+		ContextOut: &ctxOut,
+	}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		return res, err
+	}
+	out = opts.DataOut
+	res.verdict = ret
+	// DataOut is trimmed to the output size; the first ctxOut.Data
+	// bytes are metadata.
+	metaLen := ctxOut.Data
+	res.meta = append([]byte(nil), out[:metaLen]...)
+	res.out = append([]byte(nil), out[metaLen:]...)
+	return res, nil
 }
 
 // counters reads the datapath counters by name.

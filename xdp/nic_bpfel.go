@@ -120,7 +120,7 @@ type NicDatapathConfig struct {
 	SnatBuckets             uint32
 	NetnsCookie             uint64
 	SnatSpillsMarked        uint32
-	Pad                     uint32
+	IcmpIntervalNs          uint32
 }
 
 type NicFlowScratchBuf struct {
@@ -171,6 +171,11 @@ type NicFrontendKey struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type NicIcmpBudget struct {
+	_      structs.HostLayout
+	NextNs uint64
 }
 
 type NicIface struct {
@@ -301,7 +306,8 @@ const (
 	NicStatSTAT_SOCK_CONNECT          NicStat = 37
 	NicStatSTAT_SOCK_REFUSED          NicStat = 38
 	NicStatSTAT_REJECT_TOO_BIG        NicStat = 39
-	NicStatSTAT_MAX                   NicStat = 40
+	NicStatSTAT_DROP_ICMP_RATE_LIMIT  NicStat = 40
+	NicStatSTAT_MAX                   NicStat = 41
 )
 
 type NicSvcCounter struct {
@@ -329,6 +335,7 @@ const (
 	NicMapFragments        = "fragments"
 	NicMapFrontendPorts    = "frontend_ports"
 	NicMapFrontends        = "frontends"
+	NicMapIcmpBudget       = "icmp_budget"
 	NicMapIfaces           = "ifaces"
 	NicMapMaglevTables     = "maglev_tables"
 	NicMapNat              = "nat"
@@ -404,6 +411,7 @@ type NicMapSpecs struct {
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	IcmpBudget       *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
@@ -455,6 +463,7 @@ type NicMaps struct {
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends        *ebpf.Map `ebpf:"frontends"`
+	IcmpBudget       *ebpf.Map `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
@@ -481,6 +490,7 @@ func (m *NicMaps) Close() error {
 		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,
+		m.IcmpBudget,
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,

@@ -25,6 +25,7 @@ const (
 	PodMapFragments        = "fragments"
 	PodMapFrontendPorts    = "frontend_ports"
 	PodMapFrontends        = "frontends"
+	PodMapIcmpBudget       = "icmp_budget"
 	PodMapIfaces           = "ifaces"
 	PodMapMaglevTables     = "maglev_tables"
 	PodMapNat              = "nat"
@@ -100,6 +101,7 @@ type PodMapSpecs struct {
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	IcmpBudget       *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
@@ -151,6 +153,7 @@ type PodMaps struct {
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends        *ebpf.Map `ebpf:"frontends"`
+	IcmpBudget       *ebpf.Map `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
@@ -177,6 +180,7 @@ func (m *PodMaps) Close() error {
 		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,
+		m.IcmpBudget,
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,

@@ -24,6 +24,7 @@ const (
 	SockMapFragments          = "fragments"
 	SockMapFrontendPorts      = "frontend_ports"
 	SockMapFrontends          = "frontends"
+	SockMapIcmpBudget         = "icmp_budget"
 	SockMapIfaces             = "ifaces"
 	SockMapMaglevTables       = "maglev_tables"
 	SockMapNat                = "nat"
@@ -104,6 +105,7 @@ type SockMapSpecs struct {
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	IcmpBudget       *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
@@ -154,6 +156,7 @@ type SockMaps struct {
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends        *ebpf.Map `ebpf:"frontends"`
+	IcmpBudget       *ebpf.Map `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
@@ -179,6 +182,7 @@ func (m *SockMaps) Close() error {
 		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,
+		m.IcmpBudget,
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,

@@ -28,19 +28,26 @@ func (f *fixture) runTC(prog *ebpf.Program, frame []byte, ifindex int) (uint32, 
 	var verdict uint32
 	var out []byte
 	err := f.ns.Do(func() error {
-		ctx := make([]byte, skbContextSize)
-		binary.NativeEndian.PutUint32(ctx[skbIfindexOff:], uint32(ifindex))
-		buf := make([]byte, len(frame)+256)
-		opts := &ebpf.RunOptions{Data: frame, DataOut: buf, Context: ctx}
-		ret, err := prog.Run(opts)
-		if err != nil {
-			return err
-		}
-		verdict, out = ret, append([]byte(nil), opts.DataOut...)
-		return nil
+		var err error
+		verdict, out, err = runTC(prog, frame, ifindex)
+		return err
 	})
 	if err != nil {
 		f.t.Fatalf("run TC program: %v", err)
 	}
 	return verdict, out
+}
+
+// runTC runs a TC program on one frame on the calling thread, which must
+// be in the fixture's namespace.
+func runTC(prog *ebpf.Program, frame []byte, ifindex int) (uint32, []byte, error) {
+	ctx := make([]byte, skbContextSize)
+	binary.NativeEndian.PutUint32(ctx[skbIfindexOff:], uint32(ifindex))
+	buf := make([]byte, len(frame)+256)
+	opts := &ebpf.RunOptions{Data: frame, DataOut: buf, Context: ctx}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		return 0, nil, err
+	}
+	return ret, append([]byte(nil), opts.DataOut...), nil
 }

@@ -68,6 +68,8 @@ func agentFlags() []cli.Flag {
 			Usage: "source ports for SNAT to remote backends, per backend; reserved from the host's ephemeral ports, of which at least 1024 must stay the host's"},
 		&cli.StringFlag{Name: "nodeport-range", Value: "30000-32767", EnvVars: env("nodeport-range"),
 			Usage: "the cluster's NodePort range (--service-node-port-range)"},
+		&cli.UintFlag{Name: "icmp-rate", Value: uint(d.ICMPRate), EnvVars: env("icmp-rate"),
+			Usage: "ICMP errors the datapath sends (port unreachable for a Service without endpoints, fragmentation needed), per second and CPU after a burst of 50, as the kernel limits its own; 0: no limit"},
 		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"), DefaultText: "the addresses of --iface",
 			Usage: "node addresses that get NodePorts: those within these CIDRs, or the node's primary address"},
 		bpffsFlag(),
@@ -265,6 +267,11 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 			return cfg, flagError(f.name, f.value, "out of range")
 		}
 		*f.dst = uint32(f.value)
+	}
+	if rate := c.Uint("icmp-rate"); rate > uint(loader.MaxICMPRate) {
+		return cfg, flagError("icmp-rate", rate, "out of range")
+	} else {
+		opts.ICMPRate = uint32(rate)
 	}
 	if opts.NATMax < opts.ConntrackMax {
 		return cfg, flagError("nat-max", opts.NATMax, fmt.Sprintf("below --conntrack-max %d: tracked flows would lose their reverse NAT entries", opts.ConntrackMax))

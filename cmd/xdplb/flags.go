@@ -66,6 +66,7 @@ var allowed = map[string]string{
 	"udp-timeout":             "1s to 168h " + goDuration,
 	"snat-port-range":         "LOW-HIGH within 1024-65535, at least 1024 ports, disjoint from --nodeport-range",
 	"nodeport-range":          "LOW-HIGH within 1-65535, disjoint from --snat-port-range",
+	"icmp-rate":               "0 (no limit) to 1000000000",
 	"nodeport-addresses":      `IPv4 CIDRs, or "primary" alone (repeat the flag or separate with commas)`,
 	"bpffs-root":              "an absolute path: a bpffs mount, or a directory to mount one on",
 	"metrics-bind-address":    "IP:PORT or :PORT, different from --healthz-bind-address; empty turns it off",

@@ -158,6 +158,11 @@ func statusCommand() *cli.Command {
 			d := st.Datapath
 			fmt.Fprintf(w, "Datapath:  hash seed %#x, SNAT ports %s, idle timeouts: TCP established %s, TCP transient %s, UDP %s\n",
 				d.HashSeed, d.SNATPorts, d.TCPEstablishedTimeout, d.TCPTransientTimeout, d.UDPTimeout)
+			icmp := "not limited"
+			if d.ICMPErrorInterval != "none" {
+				icmp = "one per " + d.ICMPErrorInterval + " and CPU after a burst of 50"
+			}
+			fmt.Fprintf(w, "ICMP:      errors the datapath sends: %s\n", icmp)
 			fmt.Fprintln(w)
 			tw := table(w)
 			fmt.Fprintln(tw, "INTERFACE\tHOOK\tMODE\tPROGRAM\tID\tBUILD")

@@ -79,6 +79,9 @@ type Settings struct {
 	TCPEstablishedTimeout string `json:"tcpEstablishedTimeout"`
 	TCPTransientTimeout   string `json:"tcpTransientTimeout"`
 	UDPTimeout            string `json:"udpTimeout"`
+	// ICMPErrorInterval is the spacing of the ICMP errors the datapath
+	// builds, per CPU after a burst ("none": not limited).
+	ICMPErrorInterval string `json:"icmpErrorInterval"`
 }
 
 // Counter is one datapath counter.
@@ -130,6 +133,10 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 		TCPEstablishedTimeout: time.Duration(cfg.TcpEstablishedTimeoutNs).String(),
 		TCPTransientTimeout:   time.Duration(cfg.TcpTransientTimeoutNs).String(),
 		UDPTimeout:            time.Duration(cfg.UdpTimeoutNs).String(),
+		ICMPErrorInterval:     "none",
+	}
+	if cfg.IcmpIntervalNs != 0 {
+		st.Datapath.ICMPErrorInterval = time.Duration(cfg.IcmpIntervalNs).String()
 	}
 	names, err := xdp.StatNames()
 	if err != nil {

@@ -37,7 +37,10 @@ struct datapath_config {
 	 * holds for a SNAT slot is marked there (SNAT_SLOT_SPILLED); until
 	 * then claims look every port up in the nat map. */
 	__u32 snat_spills_marked;
-	__u32 pad;
+	/* ICMP errors the datapath builds (port unreachable, fragmentation
+	 * needed) are spaced at least this far apart per CPU, after a burst
+	 * of ICMP_ERROR_BURST; 0: no limit. See icmp_limit.h. */
+	__u32 icmp_interval_ns;
 };
 
 /* Per-interface facts: the address used as SNAT source for packets that
@@ -283,6 +286,7 @@ enum stat {
 	STAT_SOCK_CONNECT,        /* a host socket's connect/sendmsg went to a backend */
 	STAT_SOCK_REFUSED,        /* a host socket's connect/sendmsg was refused */
 	STAT_REJECT_TOO_BIG,      /* too big for the egress MTU, DF set: ICMP fragmentation needed sent */
+	STAT_DROP_ICMP_RATE_LIMIT, /* an ICMP error was due, over its rate limit: dropped unanswered */
 	STAT_MAX,
 };
 
@@ -488,6 +492,20 @@ struct {
 	__type(value, struct svc_counter);
 	__uint(pinning, PIN);
 } svc_stats SEC(".maps");
+
+/* The ICMP error budget of each CPU, shared by every hook (icmp_limit.h):
+ * when the next error may go out, as a CLOCK_MONOTONIC_COARSE time. */
+struct icmp_budget {
+	__u64 next_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct icmp_budget);
+	__uint(pinning, PIN);
+} icmp_budget SEC(".maps");
 
 /* ---- sockets of the node's own processes ----------------------------- */
 

@@ -14,6 +14,7 @@
 #include "parse.h"
 #include "csum.h"
 #include "counters.h"
+#include "icmp_limit.h"
 
 #define RST_FRAME_LEN (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr))
 /* ICMP quotes the original IP header and the first 8 bytes after it. */
@@ -130,6 +131,7 @@ static __always_inline int xdp_reply_tcp_rst(struct xdp_md *ctx, struct packet *
 /*
  * Answer a packet with an ICMP destination unreachable (code, and mtu for
  * ICMP_FRAG_NEEDED) that quotes its IPv4 header and first 8 bytes, in place.
+ * Over the ICMP error budget the packet is dropped unanswered, counted here.
  */
 static __always_inline int xdp_reply_icmp_unreachable(struct xdp_md *ctx, struct packet *pkt,
 						      __u8 code, __u16 mtu)
@@ -139,6 +141,10 @@ static __always_inline int xdp_reply_icmp_unreachable(struct xdp_md *ctx, struct
 	void *data, *data_end;
 	struct iphdr *ip;
 
+	if (!icmp_error_allowed()) {
+		count(STAT_DROP_ICMP_RATE_LIMIT, old_len);
+		return XDP_DROP;
+	}
 	if (bpf_xdp_adjust_head(ctx, -(int)ICMP_PREPEND_LEN))
 		goto fail;
 	data = (void *)(long)ctx->data;

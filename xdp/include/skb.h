@@ -272,7 +272,8 @@ static __always_inline int skb_load_quote(struct __sk_buff *skb, const struct pa
 /*
  * Answer a packet from TC with an ICMP destination unreachable (code, and
  * mtu for ICMP_FRAG_NEEDED; headers from reject.h), sent back out of the
- * interface it came in on. The caller counts why.
+ * interface it came in on. The caller counts why; a packet over the ICMP
+ * error budget is dropped unanswered and counted here.
  */
 static __always_inline int skb_reply_icmp_unreachable(struct __sk_buff *skb,
 						      const struct packet *pkt, __u8 code,
@@ -285,6 +286,10 @@ static __always_inline int skb_reply_icmp_unreachable(struct __sk_buff *skb,
 	struct iphdr *ip = (void *)(eth + 1);
 	struct icmphdr *icmp = (void *)(ip + 1);
 
+	if (!icmp_error_allowed()) {
+		count(STAT_DROP_ICMP_RATE_LIMIT, skb->len);
+		return TC_ACT_SHOT;
+	}
 	__builtin_memset(buf, 0, sizeof(buf));
 	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)) ||
 	    skb_load_quote(skb, pkt, (void *)(icmp + 1)))
