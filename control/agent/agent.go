@@ -385,6 +385,14 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 	}
 }
 
+// retryRefused reports whether the ports a sync refused should be tried
+// again at once, by a full sync: the sync was incremental (a full one
+// already fitted every port against the room its removals made) and it
+// freed room they may fit in now.
+func retryRefused(full bool, res reconcile.Result) bool {
+	return !full && len(res.Problems) > 0 && res.FreedRoom()
+}
+
 // hintSweep decides when a sync clears the SNAT bucket hints of departed
 // backends (dataplane.ReleaseSNATHints): at the first sync (pinned maps
 // may keep hints of backends that left while no agent ran), and at the
@@ -442,7 +450,8 @@ func (a *Agent) sync(ctx context.Context) error {
 
 	var res reconcile.Result
 	var err error
-	if a.needFull {
+	full := a.needFull
+	if full {
 		changed = nil
 		res, err = a.rec.Apply(ctx, state)
 	} else {
@@ -464,6 +473,15 @@ func (a *Agent) sync(ctx context.Context) error {
 		return err
 	}
 	a.needFull = false
+	if retryRefused(full, res) {
+		// Room freed for ports refused earlier: only a full sync tries
+		// ports that did not change, so run one now, not at the period.
+		a.needFull = true
+		select {
+		case a.trigger <- struct{}{}:
+		default:
+		}
+	}
 	elapsed := time.Since(start)
 	a.metrics.SyncDuration.Observe(elapsed.Seconds())
 	if res.MaglevBuilds > 0 {

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdplb/xdplb/control/model"
+	"github.com/xdplb/xdplb/control/reconcile"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
@@ -203,5 +204,28 @@ func TestHintSweepIsDue(t *testing.T) {
 	h.retry()
 	if !h.due(0, start.Add(263*time.Second)) {
 		t.Error("a failed sweep is not due at the next sync")
+	}
+}
+
+func TestRetryRefused(t *testing.T) {
+	refused := []string{"default/big:http/TCP: 6 frontends do not fit"}
+	cases := []struct {
+		name string
+		full bool
+		res  reconcile.Result
+		want bool
+	}{
+		{"incremental sync freed frontends", false, reconcile.Result{Problems: refused, FrontendsRemoved: 2}, true},
+		{"incremental sync freed source ranges", false, reconcile.Result{Problems: refused, RangesRemoved: 1}, true},
+		{"incremental sync freed a table", false, reconcile.Result{Problems: refused, TablesRemoved: 1}, true},
+		{"incremental sync freed backends", false, reconcile.Result{Problems: refused, BackendsRemoved: 1}, true},
+		{"nothing freed", false, reconcile.Result{Problems: refused, FrontendsWritten: 3}, false},
+		{"nothing refused", false, reconcile.Result{FrontendsRemoved: 2}, false},
+		{"a full sync fitted every port already", true, reconcile.Result{Problems: refused, FrontendsRemoved: 2}, false},
+	}
+	for _, tc := range cases {
+		if got := retryRefused(tc.full, tc.res); got != tc.want {
+			t.Errorf("%s: retry %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -268,3 +268,45 @@ func TestFrontendsMapCapacity(t *testing.T) {
 		})
 	}
 }
+
+// A sync's Result says when it deleted from a map a port can be refused
+// for room in, so the agent knows when refused ports may fit again.
+func TestResultSaysWhenRoomWasFreed(t *testing.T) {
+	cases := []struct {
+		name string
+		run  func(h *capacityHarness) reconcile.Result
+		want bool
+	}{
+		{"a port removed", func(h *capacityHarness) reconcile.Result {
+			h.full(fePort("a", 1, 2), fePort("b", 2, 2))
+			return h.change([]string{"a"})
+		}, true},
+		{"a port's frontends shrank", func(h *capacityHarness) reconcile.Result {
+			h.full(fePort("a", 1, 3))
+			return h.change(nil, fePort("a", 1, 1))
+		}, true},
+		{"a port's source ranges narrowed", func(h *capacityHarness) reconcile.Result {
+			h.full(rangedPort("a", 1, 3, 0))
+			return h.change(nil, rangedPort("a", 1, 1, 0))
+		}, true},
+		{"a port added", func(h *capacityHarness) reconcile.Result {
+			h.full(fePort("a", 1, 2))
+			return h.change(nil, fePort("b", 2, 2))
+		}, false},
+		{"a port's frontends grew", func(h *capacityHarness) reconcile.Result {
+			h.full(fePort("a", 1, 1))
+			return h.change(nil, fePort("a", 1, 3))
+		}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dp := newDatapath(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
+			h := &capacityHarness{t: t, dp: dp}
+			h.restart()
+			res := c.run(h)
+			if got := res.FreedRoom(); got != c.want {
+				t.Errorf("FreedRoom %v, want %v (result %+v)", got, c.want, res)
+			}
+		})
+	}
+}

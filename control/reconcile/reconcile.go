@@ -34,6 +34,7 @@ type Result struct {
 	BackendsAdded, BackendsRemoved     int
 	TablesWritten, TablesRemoved       int
 	FrontendsWritten, FrontendsRemoved int
+	RangesRemoved                      int // source ranges deleted
 	// MaglevBuilds counts the Maglev builds made, MaglevTime the time
 	// they took, summed (they run in parallel).
 	MaglevBuilds int
@@ -45,6 +46,13 @@ type Result struct {
 	// RemovedBackends are the backends freed by this Apply: flows still
 	// tracked to them are stale (see PurgeFlows).
 	RemovedBackends map[uint32]dataplane.Backend
+}
+
+// FreedRoom reports whether Apply deleted anything from a map whose room
+// a port can be refused for (frontends, source ranges, tables, backends),
+// so ports refused for lack of room may fit now.
+func (r Result) FreedRoom() bool {
+	return r.FrontendsRemoved+r.RangesRemoved+r.TablesRemoved+r.BackendsRemoved > 0
 }
 
 // Changed reports whether Apply wrote anything.
@@ -523,7 +531,7 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 			late = append(late, sr)
 			continue
 		}
-		if err := r.deleteRange(sr); err != nil {
+		if err := r.deleteRange(sr, res); err != nil {
 			return err
 		}
 	}
@@ -622,7 +630,7 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		}
 	}
 	for _, sr := range dropRanges {
-		if err := r.deleteRange(sr); err != nil {
+		if err := r.deleteRange(sr, res); err != nil {
 			return err
 		}
 	}
@@ -693,7 +701,7 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 }
 
 // deleteRange deletes source range sr if it is in the map.
-func (r *Reconciler) deleteRange(sr dataplane.SourceRange) error {
+func (r *Reconciler) deleteRange(sr dataplane.SourceRange, res *Result) error {
 	if !r.ranges[sr] {
 		return nil
 	}
@@ -702,6 +710,7 @@ func (r *Reconciler) deleteRange(sr dataplane.SourceRange) error {
 		return err
 	}
 	delete(r.ranges, sr)
+	res.RangesRemoved++
 	return nil
 }
 
