@@ -34,9 +34,10 @@ type Options struct {
 	// HairpinAddr is the source address of hairpin flows (a pod reaching
 	// itself through a service); link-local, never on the wire.
 	HairpinAddr netip.Addr
-	// ICMPRate limits the ICMP errors the datapath builds (port
-	// unreachable, fragmentation needed) to this many a second per CPU,
-	// after a burst of 50, as the kernel limits its own; 0: no limit.
+	// ICMPRate limits the ICMP port unreachables the datapath builds to
+	// this many a second per CPU, after a burst of 50, as the kernel
+	// limits its own errors (fragmentation needed is never limited);
+	// 0: no limit.
 	ICMPRate uint32
 }
 

@@ -1,15 +1,18 @@
 package xdp_test
 
 import (
-	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/packet"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 // withICMPRate loads the datapath with this ICMP error rate limit.
@@ -26,7 +29,12 @@ func (f *fixture) onOneCPU(fn func() error) {
 		if err := unix.SchedGetaffinity(0, &saved); err != nil {
 			return err
 		}
-		one.Set(runtime.NumCPU() - 1)
+		for cpu := range 8 * int(unsafe.Sizeof(saved)) {
+			if saved.IsSet(cpu) {
+				one.Set(cpu)
+				break
+			}
+		}
 		if err := unix.SchedSetaffinity(0, &one); err != nil {
 			return err
 		}
@@ -38,9 +46,10 @@ func (f *fixture) onOneCPU(fn func() error) {
 	}
 }
 
-// ICMP errors the datapath builds come out of one budget per CPU, shared by
-// XDP and TC: a burst of 50, then one per 1/rate seconds. A refusal over it
-// is dropped unanswered and counted; with no limit every one is answered.
+// ICMP port unreachables the datapath builds come out of one budget per
+// CPU, shared by XDP and TC: a burst of 50, then one per 1/rate seconds. A
+// refusal over it is dropped unanswered and counted; with no limit every
+// one is answered. Fragmentation needed does not draw on it.
 func TestICMPErrorsAreRateLimited(t *testing.T) {
 	type burst struct {
 		after    time.Duration // pause before the burst
@@ -68,6 +77,8 @@ func TestICMPErrorsAreRateLimited(t *testing.T) {
 				flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
 			})
 			f.program(clusterService(packet.UDP, 53))
+			f.program(webService())
+			f.ns.IP("link", "set", "nic1", "mtu", "1280")
 
 			var sent, answered uint64
 			for _, b := range tc.bursts {
@@ -114,6 +125,23 @@ func TestICMPErrorsAreRateLimited(t *testing.T) {
 				wantTC = map[string]uint64{"drop_icmp_rate_limit": 1}
 				wantVerdict = tcActShot
 			}
+			// Path MTU discovery is never starved by a spent budget.
+			f.expectCounters(map[string]uint64{"new_flow": 1, "reject_too_big": 1}, func() {
+				f.onOneCPU(func() error {
+					in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.ACK, strings.Repeat("x", 1280))
+					in.SrcPort = findClientPort(t, webService(), in, 1)
+					r, err := runXDP(f.prog, in.Bytes(), f.nic0)
+					if err != nil {
+						return err
+					}
+					if tooBig, mtu := answeredTooBig(t, r.out); r.verdict != xdpTX || !tooBig || mtu != 1280 {
+						t.Errorf("too-big packet after the refusals: verdict %d, fragmentation needed %v (MTU %s)",
+							r.verdict, tooBig, strconv.Itoa(int(mtu)))
+					}
+					return nil
+				})
+			})
+
 			f.expectCounters(wantTC, func() {
 				f.onOneCPU(func() error {
 					in := udpFrame(podAddr, 34569, clusterIP, 53, "query")
@@ -127,4 +155,46 @@ func TestICMPErrorsAreRateLimited(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The budget is pinned, so an agent restarted with a higher rate finds
+// what the lower rate left (its virtual clock up to a burst of the old
+// intervals ahead): that counts as one spent burst at the new rate, not as
+// a minute of silence.
+func TestICMPBudgetLeftByALowerRate(t *testing.T) {
+	f := newFixture(t, withICMPRate(1))
+	f.program(service{
+		svcID: 2, tableID: 2,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30053, Proto: packet.UDP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+	})
+	refuse := func(port uint16) uint32 {
+		r, err := runXDP(f.prog, udpFrame(clientAddr, port, nodeAddr, 30053, "query").Bytes(), f.nic0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.verdict
+	}
+	f.onOneCPU(func() error {
+		for i := range 60 { // the burst and beyond: the clock is ~50 s ahead
+			refuse(uint16(6000 + i))
+		}
+		// What a restart with --icmp-rate 1000 writes.
+		var cfg xdp.NicDatapathConfig
+		if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
+			return err
+		}
+		cfg.IcmpIntervalNs = uint32(time.Millisecond)
+		if err := f.dp.Maps.Config.Put(uint32(0), cfg); err != nil {
+			return err
+		}
+		if v := refuse(7000); v != xdpDrop {
+			t.Errorf("right after the change: verdict %d, want the burst counted as spent (drop)", v)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if v := refuse(7001); v != xdpTX {
+			t.Errorf("intervals of the new rate later: verdict %d, want an answer (TX)", v)
+		}
+		return nil
+	})
 }

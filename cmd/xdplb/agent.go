@@ -69,7 +69,7 @@ func agentFlags() []cli.Flag {
 		&cli.StringFlag{Name: "nodeport-range", Value: "30000-32767", EnvVars: env("nodeport-range"),
 			Usage: "the cluster's NodePort range (--service-node-port-range)"},
 		&cli.UintFlag{Name: "icmp-rate", Value: uint(d.ICMPRate), EnvVars: env("icmp-rate"),
-			Usage: "ICMP errors the datapath sends (port unreachable for a Service without endpoints, fragmentation needed), per second and CPU after a burst of 50, as the kernel limits its own; 0: no limit"},
+			Usage: "ICMP port unreachables the datapath sends (for a Service without endpoints), per second and CPU after a burst of 50, as the kernel limits its own errors (fragmentation needed is not limited); 0: no limit"},
 		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"), DefaultText: "the addresses of --iface",
 			Usage: "node addresses that get NodePorts: those within these CIDRs, or the node's primary address"},
 		bpffsFlag(),

@@ -162,7 +162,7 @@ func statusCommand() *cli.Command {
 			if d.ICMPErrorInterval != "none" {
 				icmp = "one per " + d.ICMPErrorInterval + " and CPU after a burst of 50"
 			}
-			fmt.Fprintf(w, "ICMP:      errors the datapath sends: %s\n", icmp)
+			fmt.Fprintf(w, "ICMP:      port unreachables the datapath sends: %s\n", icmp)
 			fmt.Fprintln(w)
 			tw := table(w)
 			fmt.Fprintln(tw, "INTERFACE\tHOOK\tMODE\tPROGRAM\tID\tBUILD")

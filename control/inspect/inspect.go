@@ -79,8 +79,8 @@ type Settings struct {
 	TCPEstablishedTimeout string `json:"tcpEstablishedTimeout"`
 	TCPTransientTimeout   string `json:"tcpTransientTimeout"`
 	UDPTimeout            string `json:"udpTimeout"`
-	// ICMPErrorInterval is the spacing of the ICMP errors the datapath
-	// builds, per CPU after a burst ("none": not limited).
+	// ICMPErrorInterval is the spacing of the ICMP port unreachables the
+	// datapath builds, per CPU after a burst ("none": not limited).
 	ICMPErrorInterval string `json:"icmpErrorInterval"`
 }
 

@@ -37,9 +37,9 @@ struct datapath_config {
 	 * holds for a SNAT slot is marked there (SNAT_SLOT_SPILLED); until
 	 * then claims look every port up in the nat map. */
 	__u32 snat_spills_marked;
-	/* ICMP errors the datapath builds (port unreachable, fragmentation
-	 * needed) are spaced at least this far apart per CPU, after a burst
-	 * of ICMP_ERROR_BURST; 0: no limit. See icmp_limit.h. */
+	/* ICMP port unreachables the datapath builds are spaced at least
+	 * this far apart per CPU, after a burst of ICMP_ERROR_BURST; 0: no
+	 * limit. See icmp_limit.h. */
 	__u32 icmp_interval_ns;
 };
 
@@ -494,7 +494,7 @@ struct {
 } svc_stats SEC(".maps");
 
 /* The ICMP error budget of each CPU, shared by every hook (icmp_limit.h):
- * when the next error may go out, as a CLOCK_MONOTONIC_COARSE time. */
+ * its virtual clock, a CLOCK_MONOTONIC time. */
 struct icmp_budget {
 	__u64 next_ns;
 };

@@ -141,7 +141,7 @@ static __always_inline int xdp_reply_icmp_unreachable(struct xdp_md *ctx, struct
 	void *data, *data_end;
 	struct iphdr *ip;
 
-	if (!icmp_error_allowed()) {
+	if (!icmp_error_allowed(code)) {
 		count(STAT_DROP_ICMP_RATE_LIMIT, old_len);
 		return XDP_DROP;
 	}

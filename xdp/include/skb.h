@@ -286,7 +286,7 @@ static __always_inline int skb_reply_icmp_unreachable(struct __sk_buff *skb,
 	struct iphdr *ip = (void *)(eth + 1);
 	struct icmphdr *icmp = (void *)(ip + 1);
 
-	if (!icmp_error_allowed()) {
+	if (!icmp_error_allowed(code)) {
 		count(STAT_DROP_ICMP_RATE_LIMIT, skb->len);
 		return TC_ACT_SHOT;
 	}
