@@ -385,12 +385,12 @@ func (a *Agent) loop(ctx context.Context, errc chan error) {
 	}
 }
 
-// retryRefused reports whether the ports a sync refused should be tried
-// again at once, by a full sync: the sync was incremental (a full one
-// already fitted every port against the room its removals made) and it
-// freed room they may fit in now.
+// retryRefused reports whether ports refused for lack of room should be
+// tried again at once, by a full sync: the sync was incremental (a full
+// one already fitted every port against the room its removals made) and
+// it freed room they may fit in now.
 func retryRefused(full bool, res reconcile.Result) bool {
-	return !full && len(res.Problems) > 0 && res.FreedRoom()
+	return !full && res.WaitingForRoom > 0 && res.FreedRoom()
 }
 
 // hintSweep decides when a sync clears the SNAT bucket hints of departed

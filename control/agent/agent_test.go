@@ -208,20 +208,22 @@ func TestHintSweepIsDue(t *testing.T) {
 }
 
 func TestRetryRefused(t *testing.T) {
-	refused := []string{"default/big:http/TCP: 6 frontends do not fit"}
+	waiting := []string{"service port default/big:http/TCP not programmed: its 6 frontends do not fit"}
+	other := []string{"service port default/huge:http/TCP: 20000 endpoints exceed the largest Maglev table"}
 	cases := []struct {
 		name string
 		full bool
 		res  reconcile.Result
 		want bool
 	}{
-		{"incremental sync freed frontends", false, reconcile.Result{Problems: refused, FrontendsRemoved: 2}, true},
-		{"incremental sync freed source ranges", false, reconcile.Result{Problems: refused, RangesRemoved: 1}, true},
-		{"incremental sync freed a table", false, reconcile.Result{Problems: refused, TablesRemoved: 1}, true},
-		{"incremental sync freed backends", false, reconcile.Result{Problems: refused, BackendsRemoved: 1}, true},
-		{"nothing freed", false, reconcile.Result{Problems: refused, FrontendsWritten: 3}, false},
+		{"incremental sync freed frontends", false, reconcile.Result{Problems: waiting, WaitingForRoom: 1, FrontendsRemoved: 2}, true},
+		{"incremental sync freed source ranges", false, reconcile.Result{Problems: waiting, WaitingForRoom: 1, RangesRemoved: 1}, true},
+		{"incremental sync freed a table", false, reconcile.Result{Problems: waiting, WaitingForRoom: 1, TablesRemoved: 1}, true},
+		{"incremental sync freed backends", false, reconcile.Result{Problems: waiting, WaitingForRoom: 1, BackendsRemoved: 1}, true},
+		{"nothing freed", false, reconcile.Result{Problems: waiting, WaitingForRoom: 1, FrontendsWritten: 3}, false},
 		{"nothing refused", false, reconcile.Result{FrontendsRemoved: 2}, false},
-		{"a full sync fitted every port already", true, reconcile.Result{Problems: refused, FrontendsRemoved: 2}, false},
+		{"problems, none for room", false, reconcile.Result{Problems: other, BackendsRemoved: 1}, false},
+		{"a full sync fitted every port already", true, reconcile.Result{Problems: waiting, WaitingForRoom: 1, FrontendsRemoved: 2}, false},
 	}
 	for _, tc := range cases {
 		if got := retryRefused(tc.full, tc.res); got != tc.want {

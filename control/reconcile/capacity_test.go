@@ -310,3 +310,33 @@ func TestResultSaysWhenRoomWasFreed(t *testing.T) {
 		})
 	}
 }
+
+// A port refused for room stays in every later Apply's problems, also of
+// incremental Applies that do not change it, and counts as waiting for
+// room: when another port's removal frees room, the Result says both, so
+// the agent runs the full Apply that fits it.
+func TestRefusedPortWaitsForRoomAcrossIncrementalApplies(t *testing.T) {
+	dp := newDatapath(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
+	h := &capacityHarness{t: t, dp: dp}
+	h.restart()
+	res := h.full(fePort("a", 1, 6), fePort("big", 2, 6))
+	if res.WaitingForRoom != 1 || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "big") {
+		t.Fatalf("full Apply: %d waiting for room, problems %q; want big refused", res.WaitingForRoom, res.Problems)
+	}
+	res = h.change(nil, fePort("c", 3, 1))
+	if res.WaitingForRoom != 1 || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "big") {
+		t.Errorf("incremental Apply of another port: %d waiting for room, problems %q; want big still reported",
+			res.WaitingForRoom, res.Problems)
+	}
+	res = h.change([]string{"a"})
+	if !res.FreedRoom() || res.WaitingForRoom != 1 {
+		t.Errorf("removal of a: freed room %v, %d waiting for room; want both", res.FreedRoom(), res.WaitingForRoom)
+	}
+	res = h.full(fePort("big", 2, 6), fePort("c", 3, 1))
+	if res.WaitingForRoom != 0 || len(res.Problems) != 0 {
+		t.Errorf("full Apply after the removal: %d waiting for room, problems %q; want big programmed", res.WaitingForRoom, res.Problems)
+	}
+	if got := h.programmed(); got["big"] != 6 || got["c"] != 1 || len(got) != 2 {
+		t.Errorf("frontends by service %v, want big 6 and c 1", got)
+	}
+}

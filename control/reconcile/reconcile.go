@@ -41,8 +41,14 @@ type Result struct {
 	MaglevTime   time.Duration
 	// Problems are service ports that could not be programmed fully
 	// (out of ids, a table that could not be built, frontends or source
-	// ranges that do not fit in their map); the rest was.
+	// ranges that do not fit in their map); the rest was. They are every
+	// port's, not only those this Apply changed, sorted by port.
 	Problems []string
+	// WaitingForRoom counts the ports among them refused, whole or in
+	// part, for lack of room in a map or an id range: a later sync that
+	// frees room (FreedRoom) may fit them. Only a full Apply tries ports
+	// that did not change.
+	WaitingForRoom int
 	// RemovedBackends are the backends freed by this Apply: flows still
 	// tracked to them are stale (see PurgeFlows).
 	RemovedBackends map[uint32]dataplane.Backend
@@ -128,7 +134,10 @@ type portRecord struct {
 	// ports share is merged from all views.
 	backends backendList
 	problems []string
-	pending  *pendingPort
+	// waitsForRoom: refused, whole or in part, for lack of room in a map
+	// or an id range (Result.WaitingForRoom).
+	waitsForRoom bool
+	pending      *pendingPort
 }
 
 // Reconciler owns the datapath maps' contents. It is not safe for
@@ -140,6 +149,9 @@ type Reconciler struct {
 
 	// Per service port: what it wants (applied, or about to be).
 	ports map[string]*portRecord
+	// withProblems names the ports whose records have problems, so each
+	// Apply reports every port's without walking them all.
+	withProblems map[string]bool
 	// portOfID names the port whose record in ports has each service id
 	// (ids are unique among records; 0 is none). A frontend's value and a
 	// table's id name a service id, so this finds their port at once
@@ -201,13 +213,14 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 	}
 	r := &Reconciler{
 		dp: dp, cfg: cfg, log: log,
-		ports:    map[string]*portRecord{},
-		portOfID: map[uint32]string{},
-		addrs:    map[netip.AddrPort]backendState{},
-		tables:   map[uint32]uint64{},
-		ranges:   map[dataplane.SourceRange]bool{},
-		usedIDs:  map[uint32]bool{},
-		newNames: map[uint32]string{},
+		ports:        map[string]*portRecord{},
+		withProblems: map[string]bool{},
+		portOfID:     map[uint32]string{},
+		addrs:        map[netip.AddrPort]backendState{},
+		tables:       map[uint32]uint64{},
+		ranges:       map[dataplane.SourceRange]bool{},
+		usedIDs:      map[uint32]bool{},
+		newNames:     map[uint32]string{},
 
 		usedBackendIDs: map[uint32]bool{},
 		adoptedIDs:     map[uint32]bool{},
@@ -422,9 +435,21 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 			res.MaglevTime += b.took
 		}
 	}
-	for _, rec := range next {
-		if rec != nil {
-			res.Problems = append(res.Problems, rec.problems...)
+	for k, rec := range next {
+		if rec != nil && len(rec.problems) > 0 {
+			r.withProblems[k] = true
+		} else {
+			delete(r.withProblems, k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.withProblems)) {
+		rec := r.ports[k]
+		if rec == nil {
+			continue
+		}
+		res.Problems = append(res.Problems, rec.problems...)
+		if rec.waitsForRoom {
+			res.WaitingForRoom++
 		}
 	}
 	r.adopted = nil
@@ -1150,14 +1175,16 @@ func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service
 			kept := *old
 			kept.problems = []string{fmt.Sprintf("service port %s not updated: its %d frontends do not fit in the frontends map of %d "+
 				"(raise --frontends-max); its previous %d stay", k, len(want), capacity, len(old.frontends))}
+			kept.waitsForRoom = true
 			refused[k] = &kept
 			continue
 		}
 		release(held)
 		refused[k] = &portRecord{
-			frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
-			tables:    map[uint32]*tableRecord{},
-			problems:  []string{problem},
+			frontends:    map[dataplane.FrontendKey]dataplane.Frontend{},
+			tables:       map[uint32]*tableRecord{},
+			problems:     []string{problem},
+			waitsForRoom: true,
 		}
 	}
 	return refused
@@ -1308,6 +1335,7 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 				problems: []string{fmt.Sprintf("service port %s not programmed: its %d source ranges do not fit in what "+
 					"the source ranges map of %d leaves (raise --services-max, which sizes it); they admit fewer "+
 					"clients than its previous version, so it is closed until they fit", k, len(want), capacity)},
+				waitsForRoom: true,
 			}
 			continue
 		}
@@ -1317,6 +1345,7 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 			kept.problems = []string{fmt.Sprintf("service port %s not updated: its %d source ranges do not fit in what "+
 				"the source ranges map of %d leaves, with the %d it has until they are swapped "+
 				"(raise --services-max, which sizes it); its previous version stays", k, len(want), capacity, len(held[id]))}
+			kept.waitsForRoom = true
 			refused[k] = &kept
 			continue
 		}
@@ -1325,6 +1354,7 @@ func (r *Reconciler) fitRanges(keys []string, byKey map[string]*model.Service, i
 			tables:    map[uint32]*tableRecord{},
 			problems: []string{fmt.Sprintf("service port %s not programmed: its %d source ranges do not fit in what "+
 				"the source ranges map of %d leaves (raise --services-max, which sizes it)", k, len(want), capacity)},
+			waitsForRoom: true,
 		}
 	}
 	return refused
@@ -1438,6 +1468,7 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 	if id == 0 {
 		rec.problems = append(rec.problems, fmt.Sprintf(
 			"service port %s not programmed: all %d service ids in use (raise --services-max)", key, r.cfg.ServicesMax-1))
+		rec.waitsForRoom = true
 		return rec
 	}
 	rec.id = id
@@ -1452,6 +1483,7 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 			if !ok {
 				rec.problems = append(rec.problems, fmt.Sprintf(
 					"backend %s of %s not programmed: all %d backend ids in use (raise --backends-max)", ap, key, r.cfg.BackendsMax-1))
+				rec.waitsForRoom = true
 				continue
 			}
 			r.addrs[ap] = backendState{id: bid}
