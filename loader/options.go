@@ -35,7 +35,7 @@ type Options struct {
 	// itself through a service); link-local, never on the wire.
 	HairpinAddr netip.Addr
 	// ICMPRate limits the ICMP port unreachables the datapath builds to
-	// this many a second per CPU, after a burst of 50, as the kernel
+	// this many a second per CPU, after a burst of ICMPErrorBurst, as the kernel
 	// limits its own errors (fragmentation needed is never limited);
 	// 0: no limit.
 	ICMPRate uint32
@@ -43,6 +43,10 @@ type Options struct {
 
 // MaxICMPRate is the highest ICMPRate: one error a nanosecond.
 const MaxICMPRate = uint32(time.Second)
+
+// ICMPErrorBurst is how many ICMP port unreachables a CPU may send at once
+// before ICMPRate applies: ICMP_ERROR_BURST in xdp/include/icmp_limit.h.
+const ICMPErrorBurst = 50
 
 // DefaultOptions are sized for a large edge node: half a million tracked
 // flows and 64k service ports fit in well under 1 GiB of map memory.

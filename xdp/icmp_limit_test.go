@@ -1,11 +1,9 @@
 package xdp_test
 
 import (
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -20,6 +18,9 @@ func withICMPRate(rate uint32) fixtureOption {
 	return func(o *loader.Options) { o.ICMPRate = rate }
 }
 
+// cpuSetSize is the number of CPUs a unix.CPUSet can name (CPU_SETSIZE).
+const cpuSetSize = 1024
+
 // onOneCPU runs fn in the fixture's namespace on a thread bound to one
 // CPU: the ICMP error budget is per CPU.
 func (f *fixture) onOneCPU(fn func() error) {
@@ -29,7 +30,7 @@ func (f *fixture) onOneCPU(fn func() error) {
 		if err := unix.SchedGetaffinity(0, &saved); err != nil {
 			return err
 		}
-		for cpu := range 8 * int(unsafe.Sizeof(saved)) {
+		for cpu := range cpuSetSize {
 			if saved.IsSet(cpu) {
 				one.Set(cpu)
 				break
@@ -135,8 +136,8 @@ func TestICMPErrorsAreRateLimited(t *testing.T) {
 						return err
 					}
 					if tooBig, mtu := answeredTooBig(t, r.out); r.verdict != xdpTX || !tooBig || mtu != 1280 {
-						t.Errorf("too-big packet after the refusals: verdict %d, fragmentation needed %v (MTU %s)",
-							r.verdict, tooBig, strconv.Itoa(int(mtu)))
+						t.Errorf("too-big packet after the refusals: verdict %d, fragmentation needed %v (MTU %d), want one with MTU 1280",
+							r.verdict, tooBig, mtu)
 					}
 					return nil
 				})

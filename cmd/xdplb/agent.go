@@ -69,7 +69,7 @@ func agentFlags() []cli.Flag {
 		&cli.StringFlag{Name: "nodeport-range", Value: "30000-32767", EnvVars: env("nodeport-range"),
 			Usage: "the cluster's NodePort range (--service-node-port-range)"},
 		&cli.UintFlag{Name: "icmp-rate", Value: uint(d.ICMPRate), EnvVars: env("icmp-rate"),
-			Usage: "ICMP port unreachables the datapath sends (for a Service without endpoints), per second and CPU after a burst of 50, as the kernel limits its own errors (fragmentation needed is not limited); 0: no limit"},
+			Usage: fmt.Sprintf("ICMP port unreachables the datapath sends (for a Service without endpoints), per second and CPU after a burst of %d, as the kernel limits its own errors (fragmentation needed is not limited); 0: no limit", loader.ICMPErrorBurst)},
 		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"), DefaultText: "the addresses of --iface",
 			Usage: "node addresses that get NodePorts: those within these CIDRs, or the node's primary address"},
 		bpffsFlag(),
@@ -262,16 +262,12 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		{"services-max", c.Uint("services-max"), &opts.ServicesMax, 2, 1 << 22},
 		{"backends-max", c.Uint("backends-max"), &opts.BackendsMax, 2, 1 << 24},
 		{"frontends-max", c.Uint("frontends-max"), &opts.FrontendsMax, 1, 1 << 24},
+		{"icmp-rate", c.Uint("icmp-rate"), &opts.ICMPRate, 0, uint(loader.MaxICMPRate)},
 	} {
 		if f.value < f.min || f.value > f.max {
 			return cfg, flagError(f.name, f.value, "out of range")
 		}
 		*f.dst = uint32(f.value)
-	}
-	if rate := c.Uint("icmp-rate"); rate > uint(loader.MaxICMPRate) {
-		return cfg, flagError("icmp-rate", rate, "out of range")
-	} else {
-		opts.ICMPRate = uint32(rate)
 	}
 	if opts.NATMax < opts.ConntrackMax {
 		return cfg, flagError("nat-max", opts.NATMax, fmt.Sprintf("below --conntrack-max %d: tracked flows would lose their reverse NAT entries", opts.ConntrackMax))

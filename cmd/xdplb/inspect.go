@@ -160,7 +160,7 @@ func statusCommand() *cli.Command {
 				d.HashSeed, d.SNATPorts, d.TCPEstablishedTimeout, d.TCPTransientTimeout, d.UDPTimeout)
 			icmp := "not limited"
 			if d.ICMPErrorInterval != "none" {
-				icmp = "one per " + d.ICMPErrorInterval + " and CPU after a burst of 50"
+				icmp = fmt.Sprintf("one per %s and CPU after a burst of %d", d.ICMPErrorInterval, loader.ICMPErrorBurst)
 			}
 			fmt.Fprintf(w, "ICMP:      port unreachables the datapath sends: %s\n", icmp)
 			fmt.Fprintln(w)

@@ -78,11 +78,9 @@ func TestBackendsMapCapacity(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dp := newDatapath(t, func(o *loader.Options) { o.BackendsMax = backendsMax })
-			h := &capacityHarness{t: t, dp: dp}
-			h.restart() // config() says 64 backend ids
+			h := newCapacityHarness(t, func(o *loader.Options) { o.BackendsMax = backendsMax }) // config() says 64 backend ids
 			res := c.run(h)
-			bes, err := dp.Backends()
+			bes, err := h.dp.Backends()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,12 +106,12 @@ func TestBackendsMapCapacity(t *testing.T) {
 					t.Errorf("frontends by service %v, want one of %s", fes, svc.Name)
 					continue
 				}
-				fe, ok := frontend(t, dp, svc.Frontends[0].Addr, 80)
+				fe, ok := frontend(t, h.dp, svc.Frontends[0].Addr, 80)
 				if !ok || fe.TableID == 0 {
 					t.Errorf("%s: frontend %+v has no table", svc.Name, fe)
 					continue
 				}
-				if n := len(distinct(tableBackends(t, dp, fe.TableID))); n != c.wantBackends[net] {
+				if n := len(distinct(tableBackends(t, h.dp, fe.TableID))); n != c.wantBackends[net] {
 					t.Errorf("%s: table over %d backends, want %d", svc.Name, n, c.wantBackends[net])
 				}
 			}

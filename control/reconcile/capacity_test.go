@@ -38,6 +38,15 @@ type capacityHarness struct {
 	r  *reconcile.Reconciler
 }
 
+// newCapacityHarness loads a datapath sized by resize and a reconciler
+// over it.
+func newCapacityHarness(t *testing.T, resize ...func(*loader.Options)) *capacityHarness {
+	t.Helper()
+	h := &capacityHarness{t: t, dp: newDatapath(t, resize...)}
+	h.restart()
+	return h
+}
+
 // full applies the full state svcs.
 func (h *capacityHarness) full(svcs ...model.Service) reconcile.Result {
 	h.t.Helper()
@@ -229,9 +238,7 @@ func TestFrontendsMapCapacity(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dp := newDatapath(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
-			h := &capacityHarness{t: t, dp: dp}
-			h.restart()
+			h := newCapacityHarness(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
 			res := c.run(h)
 			got := h.programmed()
 			if len(got) != len(c.want) {
@@ -258,7 +265,7 @@ func TestFrontendsMapCapacity(t *testing.T) {
 			if !slices.Equal(refused, c.wantRefused) {
 				t.Errorf("refused %v (problems %q), want %v", refused, res.Problems, c.wantRefused)
 			}
-			ids, err := dp.TableIDs()
+			ids, err := h.dp.TableIDs()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -300,9 +307,7 @@ func TestResultSaysWhenRoomWasFreed(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dp := newDatapath(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
-			h := &capacityHarness{t: t, dp: dp}
-			h.restart()
+			h := newCapacityHarness(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
 			res := c.run(h)
 			if got := res.FreedRoom(); got != c.want {
 				t.Errorf("FreedRoom %v, want %v (result %+v)", got, c.want, res)
@@ -316,9 +321,7 @@ func TestResultSaysWhenRoomWasFreed(t *testing.T) {
 // room: when another port's removal frees room, the Result says both, so
 // the agent runs the full Apply that fits it.
 func TestRefusedPortWaitsForRoomAcrossIncrementalApplies(t *testing.T) {
-	dp := newDatapath(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
-	h := &capacityHarness{t: t, dp: dp}
-	h.restart()
+	h := newCapacityHarness(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
 	res := h.full(fePort("a", 1, 6), fePort("big", 2, 6))
 	if res.WaitingForRoom != 1 || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "big") {
 		t.Fatalf("full Apply: %d waiting for room, problems %q; want big refused", res.WaitingForRoom, res.Problems)

@@ -245,9 +245,7 @@ func TestSourceRangesMapCapacity(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dp := newDatapath(t, func(o *loader.Options) { o.SourceRangesMax = sourceRangesMax })
-			h := &capacityHarness{t: t, dp: dp}
-			h.restart()
+			h := newCapacityHarness(t, func(o *loader.Options) { o.SourceRangesMax = sourceRangesMax })
 			res := c.run(h)
 
 			got := h.sourceRanges()
@@ -308,7 +306,7 @@ func TestSourceRangesMapCapacity(t *testing.T) {
 			if !slices.Equal(refused, c.wantRefused) {
 				t.Errorf("refused %v (problems %q), want %v", refused, res.Problems, c.wantRefused)
 			}
-			ids, err := dp.TableIDs()
+			ids, err := h.dp.TableIDs()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -74,13 +74,11 @@ func consistent(t *testing.T, dp *dataplane.Dataplane) {
 // deletes that backend. Every frontend's table must name only backends
 // in the map.
 func TestKeptPortKeepsItsTables(t *testing.T) {
-	dp := newDatapath(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
-	h := &capacityHarness{t: t, dp: dp}
-	h.restart()
+	h := newCapacityHarness(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
 	a0 := withEP(fePort("a", 1, 2), "10.244.1.1")
 	b := withEP(fePort("b", 2, 5), "10.244.2.1")
 	h.full(a0, b)
-	consistent(t, dp)
+	consistent(t, h.dp)
 
 	// The endpoint of a moves; the write stops at the table install.
 	a1 := withEP(fePort("a", 1, 2), "10.244.1.2")
@@ -93,7 +91,7 @@ func TestKeptPortKeepsItsTables(t *testing.T) {
 	a2 := withEP(fePort("a", 1, 4), "10.244.1.2")
 	res := h.full(a2, b)
 	t.Logf("problems %q", res.Problems)
-	consistent(t, dp)
+	consistent(t, h.dp)
 }
 
 // After a restart the reconciler has no records: a port whose pinned
@@ -101,9 +99,7 @@ func TestKeptPortKeepsItsTables(t *testing.T) {
 // unchanged, working port is not refused in favour of one that grew (and
 // was kept at its previous version before the restart).
 func TestRestartKeepsProgrammedPorts(t *testing.T) {
-	dp := newDatapath(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
-	h := &capacityHarness{t: t, dp: dp}
-	h.restart()
+	h := newCapacityHarness(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
 	h.full(withEP(fePort("a", 1, 3), "10.244.1.1"), withEP(fePort("b", 2, 4), "10.244.2.1"))
 	res := h.change(nil, withEP(fePort("a", 1, 5), "10.244.1.1"))
 	t.Logf("before restart: %v problems %q", h.programmed(), res.Problems)
@@ -120,12 +116,10 @@ func TestRestartKeepsProgrammedPorts(t *testing.T) {
 // after it in the order, whose ranges and frontends both fit, is
 // programmed rather than refused at every sync.
 func TestRangesOfRefusedPortsDoNotBlockOthers(t *testing.T) {
-	dp := newDatapath(t, func(o *loader.Options) {
+	h := newCapacityHarness(t, func(o *loader.Options) {
 		o.FrontendsMax = frontendsMax
 		o.SourceRangesMax = sourceRangesMax
 	})
-	h := &capacityHarness{t: t, dp: dp}
-	h.restart()
 	big := withEP(rangedPort("big", 2, 6, 0), "10.244.2.1")
 	for i := 1; i <= frontendsMax; i++ { // 9 frontends: never fits
 		big.Frontends = append(big.Frontends, model.Frontend{Addr: netip.AddrFrom4([4]byte{198, 18, 20, byte(i)}),

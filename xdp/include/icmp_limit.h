@@ -28,6 +28,7 @@
 
 #include "maps.h"
 
+/* The status output and the flag's help say it too: loader.ICMPErrorBurst. */
 #define ICMP_ERROR_BURST 50
 
 /*
