@@ -125,6 +125,8 @@ func xdpLinkPath(pinRoot string, mode XDPMode, ifname string) string {
 }
 
 func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMode) (XDPMode, error) {
+	// The mode an earlier attachment had, if this call detached it.
+	var previous XDPMode
 	// Adopt an existing attachment: update the program in place.
 	for _, have := range []XDPMode{XDPNative, XDPGeneric} {
 		path := xdpLinkPath(d.opts.PinRoot, have, ifname)
@@ -150,6 +152,7 @@ func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMo
 			return "", fmt.Errorf("interface %s: unpin XDP link: %w", ifname, err)
 		}
 		l.Close()
+		previous = have
 	}
 
 	tries := []XDPMode{mode}
@@ -158,29 +161,47 @@ func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMo
 	}
 	var errs []error
 	for _, m := range tries {
-		flags := link.XDPDriverMode
-		if m == XDPGeneric {
-			flags = link.XDPGenericMode
-		}
-		l, err := link.AttachXDP(link.XDPOptions{
-			Program:   d.nic,
-			Interface: attrs.Index,
-			Flags:     flags,
-		})
-		if err != nil {
-			errs = append(errs, explainXDPError(ifname, m, attrs, err))
+		if err := d.attachXDPMode(ifname, attrs, m); err != nil {
+			errs = append(errs, err)
 			continue
-		}
-		defer l.Close()
-		if err := l.Pin(xdpLinkPath(d.opts.PinRoot, m, ifname)); err != nil {
-			return "", fmt.Errorf("interface %s: pin XDP link: %w", ifname, err)
 		}
 		if len(errs) > 0 {
 			d.log.Warn("native XDP unavailable, using generic", "interface", ifname, "reason", errs[0])
 		}
 		return m, nil
 	}
-	return "", errors.Join(errs...)
+	err := errors.Join(errs...)
+	// The interface had XDP in another mode: it keeps it, with this
+	// datapath's program, rather than being left without.
+	if previous != "" {
+		if restoreErr := d.attachXDPMode(ifname, attrs, previous); restoreErr != nil {
+			return "", fmt.Errorf("%w; restoring %s mode failed too: %w", err, previous, restoreErr)
+		}
+		return "", fmt.Errorf("%w (XDP stays attached in %s mode)", err, previous)
+	}
+	return "", err
+}
+
+// attachXDPMode attaches the NIC program to the interface in mode m
+// through a pinned link.
+func (d *Datapath) attachXDPMode(ifname string, attrs *netlink.LinkAttrs, m XDPMode) error {
+	flags := link.XDPDriverMode
+	if m == XDPGeneric {
+		flags = link.XDPGenericMode
+	}
+	l, err := link.AttachXDP(link.XDPOptions{
+		Program:   d.nic,
+		Interface: attrs.Index,
+		Flags:     flags,
+	})
+	if err != nil {
+		return explainXDPError(ifname, m, attrs, err)
+	}
+	defer l.Close()
+	if err := l.Pin(xdpLinkPath(d.opts.PinRoot, m, ifname)); err != nil {
+		return fmt.Errorf("interface %s: pin XDP link: %w", ifname, err)
+	}
+	return nil
 }
 
 // explainXDPError turns an attach failure into one readable line.
@@ -212,15 +233,27 @@ func (d *Datapath) attachTCIngress(ifname string, ifindex int) (string, error) {
 
 // attachTC attaches a TC ingress program with tcx where the kernel has it
 // (first in line; other programs keep running after it, as ours continue
-// with TC_ACT_UNSPEC), through a link pinned at path; an existing link is
-// updated in place.
+// with TC_ACT_UNSPEC), through a link pinned at path; an existing link on
+// the device is updated in place. A pinned link on another device, or on
+// none (the interface was deleted and one of the same name created, as a
+// CNI does for a pod that comes back), is dropped first: updating it would
+// fail, or program a device that is not this one.
 func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int) (string, error) {
 	if l, err := link.LoadPinnedLink(path, nil); err == nil {
-		defer l.Close()
-		if err := l.Update(prog); err != nil {
-			return "", fmt.Errorf("interface %s: replace TC program: %w", ifname, err)
+		if on, known := linkIfindex(l); known && on != ifindex {
+			l.Close()
+			if err := unpinLink(path); err != nil {
+				return "", fmt.Errorf("interface %s: %w", ifname, err)
+			}
+			d.log.Info("dropped a pinned TC link of an earlier device of this name", "interface", ifname,
+				"ifindex", ifindex, "link_ifindex", on)
+		} else {
+			defer l.Close()
+			if err := l.Update(prog); err != nil {
+				return "", fmt.Errorf("interface %s: replace TC program: %w", ifname, err)
+			}
+			return "tcx", nil
 		}
-		return "tcx", nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("interface %s: open pinned TC link: %w", ifname, err)
 	}

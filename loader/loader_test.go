@@ -66,8 +66,8 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	}
 	dp.Close()
 
-	// A larger conntrack: flows are copied into the new map; the
-	// resized backends array starts over (the control plane refills it).
+	// A larger conntrack: flows are copied into the new map (the
+	// backends array, resized too, by TestResizeKeepsWhatTheControlPlaneWrote).
 	opts.ConntrackMax, opts.BackendsMax = 4096, 512
 	dp, err = loader.Load(opts, nil)
 	if err != nil {
@@ -391,4 +391,36 @@ func TestAttachPinsLinksAndReattachUpdatesInPlace(t *testing.T) {
 	if _, err := os.Stat(loader.Dir(root)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pins left after detach: %v", err)
 	}
+}
+
+// A restart that asks for an XDP mode the device does not have fails, and
+// the device keeps XDP in the mode it had rather than losing it.
+func TestFailedModeChangeKeepsXDP(t *testing.T) {
+	attachIn(t, func(dp *loader.Datapath) error {
+		if _, err := dp.AttachNIC("d0", loader.XDPGeneric); err != nil {
+			return err
+		}
+		dp2, err := loader.Load(dp.Options(), nil)
+		if err != nil {
+			return err
+		}
+		defer dp2.Close()
+		_, err = dp2.AttachNIC("d0", loader.XDPNative)
+		if err == nil || !strings.Contains(err.Error(), "does not support this XDP mode") ||
+			!strings.Contains(err.Error(), "stays attached in generic mode") {
+			t.Errorf("native on a device without it: %v; want the cause and that generic stays", err)
+		}
+		dev, err := netlink.LinkByName("d0")
+		if err != nil {
+			return err
+		}
+		if dev.Attrs().Xdp == nil || !dev.Attrs().Xdp.Attached {
+			t.Error("the device lost its XDP program")
+		}
+		pin := filepath.Join(loader.Dir(dp.Options().PinRoot), "links", "xdp-generic-d0")
+		if _, err := os.Stat(pin); err != nil {
+			t.Errorf("generic link not pinned again: %v", err)
+		}
+		return nil
+	})
 }

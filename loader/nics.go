@@ -69,17 +69,24 @@ func pinnedLinkIfindex(path string) int {
 		return 0
 	}
 	defer l.Close()
+	ifindex, _ := linkIfindex(l)
+	return ifindex
+}
+
+// linkIfindex returns the device an XDP or tcx link is attached to, 0 if
+// none (defunct); known is false if the link's info cannot be read.
+func linkIfindex(l link.Link) (ifindex int, known bool) {
 	info, err := l.Info()
 	if err != nil {
-		return 0
+		return 0, false
 	}
 	if x := info.XDP(); x != nil {
-		return int(x.Ifindex)
+		return int(x.Ifindex), true
 	}
 	if t := info.TCX(); t != nil {
-		return int(t.Ifindex)
+		return int(t.Ifindex), true
 	}
-	return 0
+	return 0, false
 }
 
 // unpinLink removes a link's pin, which detaches its program unless

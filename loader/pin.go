@@ -40,15 +40,73 @@ func ensureBPFFS(root string, log *slog.Logger) error {
 	return nil
 }
 
-// migrations copy live flow state into a resized map. Maps without one
-// start empty and are refilled by the control plane from the desired state.
+// migrations copy what a resized map holds into its replacement: live
+// flow state, and the desired state the control plane wrote. The latter
+// matters as much: tracked flows name their backend by id and frontends
+// their Maglev tables, and the new programs run before the agent's first
+// sync (which waits for the API server): a backends array that started
+// empty would turn every tracked flow into a "backend gone" reset. Maps
+// without a migration (counters, SNAT bucket hands laid out for the old
+// options) start empty.
 func migrations(opts Options, hints *ebpf.Map) map[string]migration {
 	return map[string]migration{
 		"conntrack":  copyRecentFirst[xdp.NicCtKey](func(e *xdp.NicCtEntry) uint64 { return e.LastSeenNs }),
 		"nat":        copyRecentFirst[xdp.NicNatKey](func(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }),
 		"affinity":   copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
 		"snat_slots": func(from, to *ebpf.Map) (int, int, error) { return copySNATSlots(from, to, opts, hints) },
+
+		"frontends":          copyEntries[xdp.NicFrontendKey, xdp.NicFrontend],
+		"backends":           copyEntries[uint32, xdp.NicBackend],
+		"maglev_tables":      copyInnerMaps,
+		"source_ranges":      copyEntries[xdp.NicSourceRangeKey, uint8],
+		"snat_backend_hands": copyEntries[uint32, uint32],
+		"svc_names":          copyEntries[uint32, xdp.NicSvcName],
 	}
+}
+
+// copyEntries is the migration of a map of K to V that the control plane
+// fills: every entry that holds a value (an array's slots are all there;
+// the zero value is an empty one) and fits the new map is copied. Entries
+// that do not fit (an id beyond a smaller array) are counted as skipped;
+// the control plane gives their owners new ones.
+func copyEntries[K any, V comparable](from, to *ebpf.Map) (copied, skipped int, err error) {
+	w := newBatchWriter[K, V](to)
+	var empty V
+	err = readEntries(from, func(k *K, v *V) {
+		if *v != empty {
+			w.add(*k, *v)
+		}
+	})
+	w.flush()
+	if err != nil {
+		return w.copied, w.skipped, fmt.Errorf("read entries: %w", err)
+	}
+	return w.copied, w.skipped, nil
+}
+
+// copyInnerMaps is the migration of maglev_tables: the new outer map
+// takes the same inner tables, which live on as long as a map holds them.
+func copyInnerMaps(from, to *ebpf.Map) (copied, skipped int, err error) {
+	var tableID, innerID uint32
+	iter := from.Iterate()
+	for iter.Next(&tableID, &innerID) {
+		inner, err := ebpf.NewMapFromID(ebpf.MapID(innerID))
+		if err != nil {
+			skipped++ // replaced since it was read
+			continue
+		}
+		err = to.Put(tableID, inner)
+		inner.Close()
+		if err != nil {
+			skipped++
+			continue
+		}
+		copied++
+	}
+	if err := iter.Err(); err != nil {
+		return copied, skipped, fmt.Errorf("read entries: %w", err)
+	}
+	return copied, skipped, nil
 }
 
 // A migration copies what it can of one map into another of the same
@@ -61,8 +119,8 @@ var errSlotsUnhinted = errors.New("SNAT slots placed without bucket hints")
 
 // adoptPinnedMaps checks every pinned map against the spec. A compatible
 // map is left for the collection loader to adopt. An incompatible one (a
-// size flag changed) is replaced: flow state is copied into a new map,
-// other maps start empty and are refilled by the control plane. SNAT slots
+// size flag changed) is replaced: flow state and the control plane's
+// entries are copied into a new map (migrations), counters start over. SNAT slots
 // are also moved when there are no bucket hints to adopt (a version before
 // them placed the slots by a hash of their backend).
 func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) error {
@@ -209,8 +267,8 @@ func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
 	return nil
 }
 
-// copyBatch is how many entries copyRecentFirst reads, or writes, per
-// system call.
+// copyBatch is how many entries a migration reads, or writes, per system
+// call.
 const copyBatch = 4096
 
 // copyRecentFirst returns a migration for an LRU hash map of K to V,
@@ -230,73 +288,97 @@ func copyRecentFirst[K any, V any](lastSeen func(*V) uint64) migration {
 			seen uint64
 		}
 		flows := make([]flow, 0, from.MaxEntries())
-		keys := make([]K, copyBatch)
-		values := make([]V, copyBatch)
-		var cursor ebpf.MapBatchCursor
-		for {
-			n, err := from.BatchLookup(&cursor, keys, values, nil)
-			if errors.Is(err, ebpf.ErrNotSupported) && len(flows) == 0 {
-				// A kernel without batch lookups: one at a time.
-				iter := from.Iterate()
-				for iter.Next(&keys[0], &values[0]) {
-					flows = append(flows, flow{key: keys[0], seen: lastSeen(&values[0])})
-				}
-				if err := iter.Err(); err != nil {
-					return 0, len(flows), fmt.Errorf("read entries: %w", err)
-				}
-				break
-			}
-			for i := range n {
-				flows = append(flows, flow{key: keys[i], seen: lastSeen(&values[i])})
-			}
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				break
-			}
-			if err != nil {
-				return 0, len(flows), fmt.Errorf("read entries: %w", err)
-			}
+		if err := readEntries(from, func(k *K, v *V) {
+			flows = append(flows, flow{key: *k, seen: lastSeen(v)})
+		}); err != nil {
+			return 0, len(flows), fmt.Errorf("read entries: %w", err)
 		}
 		slices.SortFunc(flows, func(a, b flow) int { return cmp.Compare(a.seen, b.seen) })
 		if room := int(to.MaxEntries()); len(flows) > room {
 			skipped = len(flows) - room
 			flows = flows[skipped:]
 		}
-		keys, values = keys[:0], values[:0]
+		w := newBatchWriter[K, V](to)
 		var value V
-		flush := func() {
-			if len(keys) == 0 {
-				return
-			}
-			n, err := to.BatchUpdate(keys, values, nil)
-			if err != nil {
-				// Without batch updates (or on a failure among
-				// them): one at a time, from where it stopped.
-				n = max(n, 0)
-				for i := n; i < len(keys); i++ {
-					if to.Put(keys[i], values[i]) != nil {
-						skipped++
-						continue
-					}
-					copied++
-				}
-			}
-			copied += n
-			keys, values = keys[:0], values[:0]
-		}
 		for _, f := range flows {
 			if err := from.Lookup(f.key, &value); err != nil {
 				skipped++ // evicted or ended since
 				continue
 			}
-			keys = append(keys, f.key)
-			values = append(values, value)
-			if len(keys) == copyBatch {
-				flush()
-			}
+			w.add(f.key, value)
 		}
-		flush()
-		return copied, skipped, nil
+		w.flush()
+		return w.copied, skipped + w.skipped, nil
 	}
+}
+
+// readEntries calls fn for every entry of m: copyBatch at a time, or one
+// at a time on a kernel (or map type) without batch lookups.
+func readEntries[K, V any](m *ebpf.Map, fn func(*K, *V)) error {
+	keys := make([]K, copyBatch)
+	values := make([]V, copyBatch)
+	var cursor ebpf.MapBatchCursor
+	for first := true; ; first = false {
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		if err != nil && first && n == 0 && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			iter := m.Iterate()
+			for iter.Next(&keys[0], &values[0]) {
+				fn(&keys[0], &values[0])
+			}
+			return iter.Err()
+		}
+		for i := range n {
+			fn(&keys[i], &values[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// batchWriter writes entries into a map copyBatch at a time, counting
+// those written and those the map refused.
+type batchWriter[K, V any] struct {
+	to              *ebpf.Map
+	keys            []K
+	values          []V
+	copied, skipped int
+}
+
+func newBatchWriter[K, V any](to *ebpf.Map) *batchWriter[K, V] {
+	return &batchWriter[K, V]{to: to, keys: make([]K, 0, copyBatch), values: make([]V, 0, copyBatch)}
+}
+
+func (w *batchWriter[K, V]) add(k K, v V) {
+	w.keys = append(w.keys, k)
+	w.values = append(w.values, v)
+	if len(w.keys) == copyBatch {
+		w.flush()
+	}
+}
+
+func (w *batchWriter[K, V]) flush() {
+	if len(w.keys) == 0 {
+		return
+	}
+	n, err := w.to.BatchUpdate(w.keys, w.values, nil)
+	if err != nil {
+		// Without batch updates (or on a failure among them): one at
+		// a time, from where it stopped.
+		n = max(n, 0)
+		for i := n; i < len(w.keys); i++ {
+			if w.to.Put(w.keys[i], w.values[i]) != nil {
+				w.skipped++
+				continue
+			}
+			w.copied++
+		}
+	}
+	w.copied += n
+	w.keys, w.values = w.keys[:0], w.values[:0]
 }
 
 // copySNATSlots moves the claimed SNAT slots of an array laid out for other
