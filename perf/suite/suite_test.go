@@ -258,8 +258,9 @@ func TestSandboxForwards(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.sent != 20000 || r.arrived != r.sent {
-			t.Errorf("%s: sent %d, arrived %d", sc.id, r.sent, r.arrived)
+		// At least the count: an interrupted call is run again whole.
+		if r.sent < 20000 || r.arrived != r.sent {
+			t.Errorf("%s: sent %d (want at least 20000), arrived %d", sc.id, r.sent, r.arrived)
 		}
 		if r.pipelineCPU <= 0 {
 			t.Errorf("%s: no CPU time measured", sc.id)

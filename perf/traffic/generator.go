@@ -127,7 +127,11 @@ func configOf(spec Spec, frame []byte, slots int) xdp.BaselineGenConfig {
 }
 
 // RunOptions bound one run: it stops at Count frames or after Duration,
-// whichever comes first (at least one of them must be set).
+// whichever comes first (at least one of them must be set). A call that a
+// signal interrupts (the Go runtime preempts with SIGURG) is started over
+// whole by the ebpf library, so a run may send up to one call's frames
+// more than Count; Result.Sent, read from the generator's own counters,
+// says what it sent.
 type RunOptions struct {
 	Count    uint64
 	Duration time.Duration
