@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -29,6 +30,11 @@ var socketHooks = []struct {
 // AttachHostSockets attaches the socket programs to a cgroup v2 directory
 // (normally the root), so the node's own processes reach services. They
 // act only on sockets of the network namespace the datapath was loaded in.
+// Links an earlier agent pinned on the same cgroup are updated in place;
+// if any is on another cgroup (--cgroup-root changed), all are detached
+// and attached afresh. Either all four hooks end up attached or, if one
+// fails, none that this call attached stays: a node whose connects are
+// translated and whose datagrams are not would be worse than neither.
 func (d *Datapath) AttachHostSockets(cgroupPath string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(cgroupPath, &st); err != nil {
@@ -37,33 +43,116 @@ func (d *Datapath) AttachHostSockets(cgroupPath string) error {
 	if st.Type != unix.CGROUP2_SUPER_MAGIC {
 		return fmt.Errorf("cgroup %s: not a cgroup v2 directory", cgroupPath)
 	}
+	target, err := cgroupID(cgroupPath)
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", cgroupPath, err)
+	}
+	if d.hostSocketsElsewhere(target) {
+		if _, err := d.DetachHostSockets(); err != nil {
+			return err
+		}
+		d.log.Info("socket programs move to another cgroup", "cgroup", cgroupPath)
+	}
+	var attached []string
+	undo := func(err error) error {
+		for _, path := range attached {
+			unpinLink(path) //nolint:errcheck // best effort: the error returned says what failed
+		}
+		return err
+	}
 	for _, h := range socketHooks {
 		prog := d.sock.Programs[h.prog]
 		if prog == nil {
-			return fmt.Errorf("socket object has no program %s", h.prog)
+			return undo(fmt.Errorf("socket object has no program %s", h.prog))
 		}
 		path := filepath.Join(linksDir(d.opts.PinRoot), h.pin)
 		if l, err := link.LoadPinnedLink(path, nil); err == nil {
 			err = l.Update(prog)
 			l.Close()
 			if err != nil {
-				return fmt.Errorf("replace %s: %w", h.prog, err)
+				return undo(fmt.Errorf("replace %s: %w", h.prog, err))
 			}
 			continue
 		} else if !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("open pinned link %s: %w", h.pin, err)
+			return undo(fmt.Errorf("open pinned link %s: %w", h.pin, err))
 		}
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: h.attach, Program: prog})
 		if err != nil {
-			return fmt.Errorf("attach %s to cgroup %s: %w", h.prog, cgroupPath, err)
+			return undo(fmt.Errorf("attach %s to cgroup %s: %w", h.prog, cgroupPath, err))
 		}
 		err = l.Pin(path)
 		l.Close()
 		if err != nil {
-			return fmt.Errorf("pin %s: %w", h.pin, err)
+			return undo(fmt.Errorf("pin %s: %w", h.pin, err))
 		}
+		attached = append(attached, path)
 	}
 	return nil
+}
+
+// hostSocketsElsewhere reports whether a pinned socket link is attached to
+// a cgroup other than target.
+func (d *Datapath) hostSocketsElsewhere(target uint64) bool {
+	for _, h := range socketHooks {
+		l, err := link.LoadPinnedLink(filepath.Join(linksDir(d.opts.PinRoot), h.pin), nil)
+		if err != nil {
+			continue
+		}
+		on, known := linkCgroupID(l)
+		l.Close()
+		if known && on != target {
+			return true
+		}
+	}
+	return false
+}
+
+// DetachHostSockets removes the socket programs an earlier agent attached,
+// for an agent that runs without them (--cgroup-root off, or no cgroup v2
+// found): left in place they would go on steering the node's sockets with
+// an earlier build's code and maps. It returns how many it removed.
+func (d *Datapath) DetachHostSockets() (int, error) {
+	removed := 0
+	var errs []error
+	for _, h := range socketHooks {
+		path := filepath.Join(linksDir(d.opts.PinRoot), h.pin)
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := unpinLink(path); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", h.prog, err))
+			continue
+		}
+		removed++
+	}
+	return removed, errors.Join(errs...)
+}
+
+// cgroupID returns the id of a cgroup v2 directory, as the kernel reports
+// it for the links attached there: its file handle (what libbpf reads).
+func cgroupID(path string) (uint64, error) {
+	handle, _, err := unix.NameToHandleAt(unix.AT_FDCWD, path, 0)
+	if err != nil {
+		return 0, fmt.Errorf("read cgroup id: %w", err)
+	}
+	b := handle.Bytes()
+	if len(b) != 8 {
+		return 0, fmt.Errorf("read cgroup id: file handle of %d bytes, want 8", len(b))
+	}
+	return binary.NativeEndian.Uint64(b), nil
+}
+
+// linkCgroupID returns the cgroup a cgroup link is attached to; known is
+// false if the link's info cannot be read.
+func linkCgroupID(l link.Link) (id uint64, known bool) {
+	info, err := l.Info()
+	if err != nil {
+		return 0, false
+	}
+	if c := info.Cgroup(); c != nil {
+		return c.CgroupId, true
+	}
+	return 0, false
 }
 
 // netnsCookie identifies the current network namespace (0 if the kernel

@@ -164,6 +164,41 @@ func TestSessionAffinityPinsClientToBackend(t *testing.T) {
 	}
 }
 
+// An affinity entry leads back to its backend only while that backend is
+// in the set the frontend uses: a node-local set (a traffic policy Local)
+// does not return to a backend on another node that the client reached
+// through the cluster-wide set (kube-proxy keeps affinity in each
+// endpoint's own rule).
+func TestSessionAffinityStaysInTheSetInUse(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags uint16
+		want  netip.Addr
+	}{
+		{"cluster-wide set: the remembered remote backend", dataplane.FrontendExternal, remotePod1},
+		{"node-local set: a local backend", dataplane.FrontendExternal | dataplane.FrontendLocalSet, localPod},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			web := webService()
+			web.affinitySeconds = 60
+			web.flags = dataplane.FrontendExternal
+			web.table = []uint32{1}
+			f.program(web)
+			if out := decode(t, f.run(tcpFrame(farClient, 2000, lbIP, lbPort, packet.SYN, "").Bytes(), f.nic0).out); out.Dst != remotePod1 {
+				t.Fatalf("first connection went to %s, want %s", out.Dst, remotePod1)
+			}
+			// The frontend now uses a table of the local backend only.
+			web.flags = tc.flags
+			web.table = []uint32{3}
+			f.program(web)
+			if out := decode(t, f.run(tcpFrame(farClient, 2001, lbIP, lbPort, packet.SYN, "").Bytes(), f.nic0).out); out.Dst != tc.want {
+				t.Errorf("second connection went to %s, want %s", out.Dst, tc.want)
+			}
+		})
+	}
+}
+
 func TestUDPZeroChecksumStaysZero(t *testing.T) {
 	f := newFixture(t)
 	f.program(udpService())
@@ -244,6 +279,44 @@ func TestSNATPortExhaustionIsCountedDrop(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_nat_exhausted": 1}, func() {
 		f.expectVerdict(f.run(tcpFrame(clientAddr, 9999, nodeAddr, 30100, packet.SYN, "").Bytes(), f.nic0), xdpDrop)
 	})
+}
+
+// A reply to a SNAT port that is also the port of a frontend on the node
+// address (an externalIP there) is a reply: it goes back to the client,
+// and is not taken for a new flow to that frontend.
+func TestSNATReplyToAPortWithAFrontend(t *testing.T) {
+	f := newFixture(t, withSNATRange(snatMin, snatMin)) // one port: every SNAT flow uses it
+	f.program(oneRemoteBackend())
+	f.program(service{
+		svcID: 8, tableID: 8,
+		frontends: []dataplane.FrontendKey{{Addr: nic1Addr, Port: snatMin, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal,
+		backends:  map[uint32]dataplane.Backend{34: backendLocal},
+		table:     []uint32{34},
+	})
+	sent := decode(t, f.run(tcpFrame(clientAddr, 7100, nodeAddr, 30100, packet.SYN, "").Bytes(), f.nic0).out)
+	if sent.Src != nic1Addr || sent.SrcPort != snatMin {
+		t.Fatalf("SNAT to %s:%d, want %s:%d", sent.Src, sent.SrcPort, nic1Addr, snatMin)
+	}
+	reply := tcpFrame(sent.Dst, sent.DstPort, sent.Src, sent.SrcPort, packet.SYN|packet.ACK, "")
+	check := func(hook string, raw []byte) {
+		t.Helper()
+		if out := decode(t, raw); out.Dst != clientAddr || out.DstPort != 7100 || out.Src != nodeAddr || out.SrcPort != 30100 {
+			t.Errorf("%s: reply %s:%d -> %s:%d, want %s:30100 -> %s:7100", hook, out.Src, out.SrcPort, out.Dst, out.DstPort,
+				nodeAddr, clientAddr)
+		}
+	}
+	var r result
+	f.expectCounters(map[string]uint64{"reverse_nat": 1, "redirect": 1}, func() {
+		r = f.run(reply.Bytes(), f.nic1)
+	})
+	check("XDP", r.out)
+	// The same in TC, on a NIC without XDP.
+	var raw []byte
+	f.expectCounters(map[string]uint64{"reverse_nat": 1, "tc_redirect": 1}, func() {
+		_, raw = f.runTC(f.dp.TCProgram(), reply.Bytes(), f.nic1)
+	})
+	check("TC", raw)
 }
 
 // A SNAT port belongs to its flow for as long as the flow's conntrack entry
@@ -745,14 +818,31 @@ func TestForwardingFailures(t *testing.T) {
 		backends:  map[uint32]dataplane.Backend{32: {Addr: netip.MustParseAddr("10.244.2.7"), Port: 80}},
 		table:     []uint32{32},
 	}
+	// A hostNetwork endpoint on this node: its address is the node's own.
+	onNode := service{
+		svcID: 7, tableID: 7,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30202, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{33: {Addr: nic1Addr, Port: 8443, Local: true}},
+		table:     []uint32{33},
+	}
 	f.program(lost)
 	f.program(unresolved)
+	f.program(onNode)
 	f.program(webService())
 
 	t.Run("no route", func(t *testing.T) {
 		f.t = t
 		f.expectCounters(map[string]uint64{"drop_no_route": 1, "new_flow": 1}, func() {
 			f.expectVerdict(f.run(tcpFrame(clientAddr, 7000, nodeAddr, 30200, packet.SYN, "").Bytes(), f.nic0), xdpDrop)
+		})
+	})
+	// The route lookup tells a local address from a missing route no
+	// better than "not forwarded".
+	t.Run("backend at an address of this node", func(t *testing.T) {
+		f.t = t
+		f.expectCounters(map[string]uint64{"drop_no_route": 1, "new_flow": 1}, func() {
+			f.expectVerdict(f.run(tcpFrame(clientAddr, 7004, nodeAddr, 30202, packet.SYN, "").Bytes(), f.nic0), xdpDrop)
 		})
 	})
 	t.Run("unresolved next hop", func(t *testing.T) {

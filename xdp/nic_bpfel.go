@@ -36,7 +36,7 @@ type NicAgentState struct {
 	Pid            uint32
 	ServicePorts   uint32
 	Problems       uint32
-	Pad            uint32
+	PidNs          uint32
 }
 
 type NicBackend struct {
@@ -163,6 +163,8 @@ const (
 	NicFrontendFlagsFE_SOURCE_RANGES          NicFrontendFlags = 4
 	NicFrontendFlagsFE_DROP_IF_EMPTY          NicFrontendFlags = 8
 	NicFrontendFlagsFE_INTERNAL_DROP_IF_EMPTY NicFrontendFlags = 16
+	NicFrontendFlagsFE_LOCAL_SET              NicFrontendFlags = 32
+	NicFrontendFlagsFE_INTERNAL_LOCAL_SET     NicFrontendFlags = 64
 )
 
 type NicFrontendKey struct {

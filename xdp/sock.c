@@ -67,8 +67,8 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 proto)
 		flow.saddr = (__be32)cookie;
 		flow.sport = (__be16)(cookie >> 32);
 	}
-	switch (pick_backend(fe, fe->internal_table_id, &flow, cfg->hash_seed,
-			     bpf_ktime_get_coarse_ns(), &pick)) {
+	switch (pick_backend(fe, fe->internal_table_id, fe->flags & FE_INTERNAL_LOCAL_SET, &flow,
+			     cfg->hash_seed, bpf_ktime_get_coarse_ns(), &pick)) {
 	case PICK_OK:
 		break;
 	default:

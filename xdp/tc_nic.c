@@ -54,7 +54,9 @@ int xdplb_nic_ingress(struct __sk_buff *skb)
 	cfg = config_get();
 	if (!cfg)
 		return TC_ACT_UNSPEC;
-	if (port_has_frontend(pkt.dport)) {
+	/* A reply to a SNAT port that is also some frontend's port is a
+	 * reply all the same (see xdp_nic.c). */
+	if (port_has_frontend(pkt.dport) && !is_snat_reply(cfg, &pkt)) {
 		ret = tc_serve(skb, &pkt, ORIGIN_EXTERNAL, cfg);
 		if (ret != TC_ACT_UNSPEC)
 			return ret;

@@ -208,8 +208,9 @@ int xdplb_nic(struct xdp_md *ctx)
 	cfg = config_get();
 	if (!cfg)
 		return pass(STAT_PASS_NOT_SERVICE, pkt.len);
-	if (port_has_frontend(pkt.dport))
-		return serve_frontend_port(ctx, &pkt, cfg);
+	/* Replies first: a SNAT port may also be the port of some frontend
+	 * (a ClusterIP's, or an externalIP's on the node address), and a
+	 * reply must not be taken for a new flow or passed to the stack. */
 	if (snat_port_in_range(cfg, pkt.dport)) {
 		struct nat_entry *rev;
 		struct nat_key key;
@@ -219,5 +220,7 @@ int xdplb_nic(struct xdp_md *ctx)
 		if (rev)
 			return serve_reply(ctx, &pkt, &key, rev);
 	}
+	if (port_has_frontend(pkt.dport))
+		return serve_frontend_port(ctx, &pkt, cfg);
 	return pass(STAT_PASS_NOT_SERVICE, pkt.len);
 }

@@ -82,7 +82,7 @@ func agentFlags() []cli.Flag {
 		&cli.StringFlag{Name: "pod-interfaces", Value: "veth*,lxc*,cali*,azv*,eni*,gke*", EnvVars: env("pod-interfaces"),
 			Usage: "name patterns of host-side pod interfaces"},
 		&cli.StringFlag{Name: "cgroup-root", Value: "auto", EnvVars: env("cgroup-root"),
-			Usage: "cgroup v2 directory whose processes reach services through socket programs; \"auto\" finds the root of the node's hierarchy, \"off\" disables"},
+			Usage: "cgroup v2 directory whose processes reach services through socket programs; \"auto\" finds the root of the node's hierarchy, \"off\" disables; without one (off, or none found) the socket programs an earlier agent attached are removed"},
 		&cli.DurationFlag{Name: "min-sync-period", Value: 10 * time.Millisecond, EnvVars: env("min-sync-period"),
 			Usage: "least time between two syncs: bursts of changes are applied together"},
 		&cli.DurationFlag{Name: "sync-period", Value: time.Minute, EnvVars: env("sync-period"),

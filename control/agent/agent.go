@@ -73,6 +73,7 @@ type Agent struct {
 	podsListed      chan struct{}
 	podsListedOnce  sync.Once
 	lastTrigger     map[string]time.Time // service port key -> last-change-trigger-time observed
+	pidNamespace    uint32               // of this process, recorded with its pid
 	seenProblems    map[string]bool
 }
 
@@ -137,6 +138,15 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	case cfg.CgroupAuto:
 		log.Warn("no cgroup v2 hierarchy found: the node's own processes will not reach services (see --cgroup-root)")
 	}
+	if cfg.CgroupRoot == "" {
+		removed, err := dp.DetachHostSockets()
+		if err != nil {
+			return undo(err)
+		}
+		if removed > 0 {
+			log.Info("detached the socket programs an earlier agent attached", "programs", removed)
+		}
+	}
 	a, err := assemble(cfg, log, src, dp)
 	if err != nil {
 		return undo(err)
@@ -174,6 +184,7 @@ func assemble(cfg Config, log *slog.Logger, src source.Source, dp *loader.Datapa
 		spillCheckEvery: snatSpillCheckEvery,
 		podsListed:      make(chan struct{}),
 		lastTrigger:     map[string]time.Time{},
+		pidNamespace:    dataplane.PIDNamespaceOf("self"),
 		seenProblems:    map[string]bool{},
 		model:           model.NewIncremental(),
 		needFull:        true,
@@ -539,7 +550,8 @@ func (a *Agent) sync(ctx context.Context) error {
 		a.synced(changed)
 	}
 	if err := a.plane.PutAgentState(dataplane.AgentState{
-		LastSync: time.Now(), Started: a.started, Syncs: a.syncs, PID: uint32(os.Getpid()),
+		LastSync: time.Now(), Started: a.started, Syncs: a.syncs,
+		PID: uint32(os.Getpid()), PIDNamespace: a.pidNamespace,
 		ServicePorts: uint32(len(state.Services)), Problems: uint32(len(all)),
 	}); err != nil {
 		a.log.Warn("record agent state", "error", err)
@@ -591,8 +603,17 @@ func (a *Agent) observeProgramming(state model.State, changed map[string]bool) {
 		}
 	}
 	if changed == nil {
+		seen := make(map[string]bool, len(state.Services))
 		for i := range state.Services {
-			observe(state.Services[i].Key(), &state.Services[i])
+			key := state.Services[i].Key()
+			seen[key] = true
+			observe(key, &state.Services[i])
+		}
+		// Ports removed since the last sync.
+		for key := range a.lastTrigger {
+			if !seen[key] {
+				delete(a.lastTrigger, key)
+			}
 		}
 		return
 	}

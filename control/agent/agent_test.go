@@ -15,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/xdplb/xdplb/control/metrics"
 	"github.com/xdplb/xdplb/control/model"
 	"github.com/xdplb/xdplb/control/reconcile"
 	"github.com/xdplb/xdplb/loader"
@@ -229,5 +230,27 @@ func TestRetryRefused(t *testing.T) {
 		if got := retryRefused(tc.full, tc.res); got != tc.want {
 			t.Errorf("%s: retry %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// The last-change times kept per service port go with their port, whether
+// it is removed in an incremental or in a full sync.
+func TestProgrammingTimesForgetRemovedPorts(t *testing.T) {
+	a := &Agent{lastTrigger: map[string]time.Time{}, metrics: metrics.New(nil, discard()), syncs: 1}
+	port := func(name string) model.Service {
+		return model.Service{Namespace: "ns", Name: name, Protocol: model.TCP, LastChangeTriggerTime: time.Now()}
+	}
+	both := model.State{Services: []model.Service{port("web"), port("db")}}
+	a.observeProgramming(both, nil)
+	if len(a.lastTrigger) != 2 {
+		t.Fatalf("%d ports recorded, want 2", len(a.lastTrigger))
+	}
+	a.observeProgramming(model.State{Services: []model.Service{port("web")}}, nil)
+	if _, ok := a.lastTrigger["ns/db/TCP"]; ok || len(a.lastTrigger) != 1 {
+		t.Errorf("after a full sync without ns/db: %v", a.lastTrigger)
+	}
+	a.observeProgramming(model.State{}, nil)
+	if len(a.lastTrigger) != 0 {
+		t.Errorf("after a full sync without ports: %v", a.lastTrigger)
 	}
 }

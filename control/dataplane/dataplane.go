@@ -71,6 +71,11 @@ const (
 	FrontendDropIfEmpty  = uint16(xdp.NicFrontendFlagsFE_DROP_IF_EMPTY)
 	// FrontendInternalDropIfEmpty: the same for traffic from this node.
 	FrontendInternalDropIfEmpty = uint16(xdp.NicFrontendFlagsFE_INTERNAL_DROP_IF_EMPTY)
+	// FrontendLocalSet: TableID is the node-local set; a ClientIP
+	// affinity then returns only to a backend on this node.
+	FrontendLocalSet = uint16(xdp.NicFrontendFlagsFE_LOCAL_SET)
+	// FrontendInternalLocalSet: the same for InternalTableID.
+	FrontendInternalLocalSet = uint16(xdp.NicFrontendFlagsFE_INTERNAL_LOCAL_SET)
 )
 
 // Frontend is what a frontend leads to.
@@ -170,10 +175,13 @@ func (d *Dataplane) Frontends() (map[FrontendKey]Frontend, error) {
 
 // Backend is one endpoint address and port.
 type Backend struct {
-	Addr        netip.Addr
-	Port        uint16
-	Local       bool // on this node
-	Terminating bool // keeps its flows, gets no new ones
+	Addr  netip.Addr
+	Port  uint16
+	Local bool // on this node
+	// Terminating: terminating or not ready (draining): keeps its
+	// flows, gets no new ones unless its set has nothing better, and no
+	// ClientIP affinity returns to it.
+	Terminating bool
 }
 
 func (b Backend) String() string { return netip.AddrPortFrom(b.Addr, b.Port).String() }

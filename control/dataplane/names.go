@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -95,14 +96,25 @@ type AgentState struct {
 	Started      time.Time
 	Syncs        uint64
 	PID          uint32
+	PIDNamespace uint32 // inode of the namespace PID is in; 0 if not recorded
 	ServicePorts uint32
 	Problems     uint32
+}
+
+// PIDNamespaceOf returns the inode of the pid namespace of process pid, a
+// number or "self" as in /proc, 0 if it cannot be read.
+func PIDNamespaceOf(pid string) uint32 {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/"+pid+"/ns/pid", &st); err != nil {
+		return 0
+	}
+	return uint32(st.Ino)
 }
 
 // PutAgentState records the agent's state.
 func (d *Dataplane) PutAgentState(s AgentState) error {
 	v := xdp.NicAgentState{
-		Syncs: s.Syncs, Pid: s.PID, ServicePorts: s.ServicePorts, Problems: s.Problems,
+		Syncs: s.Syncs, Pid: s.PID, PidNs: s.PIDNamespace, ServicePorts: s.ServicePorts, Problems: s.Problems,
 	}
 	if !s.LastSync.IsZero() {
 		v.LastSyncUnixNs = uint64(s.LastSync.UnixNano())
@@ -122,7 +134,7 @@ func (d *Dataplane) AgentState() (AgentState, error) {
 	if err := d.m.AgentState.Lookup(uint32(0), &v); err != nil {
 		return AgentState{}, fmt.Errorf("read agent state: %w", err)
 	}
-	s := AgentState{Syncs: v.Syncs, PID: v.Pid, ServicePorts: v.ServicePorts, Problems: v.Problems}
+	s := AgentState{Syncs: v.Syncs, PID: v.Pid, PIDNamespace: v.PidNs, ServicePorts: v.ServicePorts, Problems: v.Problems}
 	if v.LastSyncUnixNs != 0 {
 		s.LastSync = time.Unix(0, int64(v.LastSyncUnixNs))
 	}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,7 +123,9 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 	if !as.LastSync.IsZero() {
 		st.LastSync = &as.LastSync
 	}
-	st.AgentAlive = agentAlive(as.PID)
+	if pid, alive := findAgent(as.PID, as.PIDNamespace); alive {
+		st.AgentPID, st.AgentAlive = pid, true
+	}
 	cfg, err := datapathConfig(dp)
 	if err != nil {
 		return st, err
@@ -163,14 +166,69 @@ func RunningAgent(pinRoot string) uint32 {
 	}
 	defer dp.Maps().Close()
 	as, err := dp.AgentState()
-	if err != nil || !agentAlive(as.PID) {
+	if err != nil {
 		return 0
 	}
-	return as.PID
+	pid, alive := findAgent(as.PID, as.PIDNamespace)
+	if !alive {
+		return 0
+	}
+	return pid
 }
 
-// agentAlive reports whether pid is a running xdplb agent. The pid alone
-// is not enough: after the agent stopped, another process may get it.
+// findAgent looks for the agent recorded as pid in the pid namespace whose
+// inode is ns (0: not recorded, taken as this process's own) and returns
+// its pid as this process sees it. The agent of a DaemonSet runs in its
+// pod's namespace, often as pid 1: seen from the node it is the process in
+// that namespace whose innermost pid (NSpid in /proc/<pid>/status) is pid.
+// An agent in a namespace this process cannot see is not found.
+func findAgent(pid, ns uint32) (uint32, bool) {
+	if pid == 0 {
+		return 0, false
+	}
+	if ns == 0 || ns == dataplane.PIDNamespaceOf("self") {
+		return pid, agentAlive(pid)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	for _, e := range entries {
+		local, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil || dataplane.PIDNamespaceOf(e.Name()) != ns || innermostPID(e.Name()) != pid {
+			continue
+		}
+		return uint32(local), agentAlive(uint32(local))
+	}
+	return 0, false
+}
+
+// innermostPID returns a process's pid in its own pid namespace, the last
+// of the NSpid line of /proc/<pid>/status; 0 if it cannot be read.
+func innermostPID(pid string) uint32 {
+	raw, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			fields := strings.Fields(rest)
+			if len(fields) == 0 {
+				return 0
+			}
+			n, err := strconv.ParseUint(fields[len(fields)-1], 10, 32)
+			if err != nil {
+				return 0
+			}
+			return uint32(n)
+		}
+	}
+	return 0
+}
+
+// agentAlive reports whether pid (in this process's pid namespace) is a
+// running xdplb agent. The pid alone is not enough: after the agent
+// stopped, another process may get it.
 func agentAlive(pid uint32) bool {
 	if pid == 0 {
 		return false

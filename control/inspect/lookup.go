@@ -209,7 +209,8 @@ func liveAffinity(dp *dataplane.Dataplane, fe dataplane.Frontend, client netip.A
 		return 0, idle, false, nil
 	}
 	b, found := bes[v.BackendId]
-	if !found || xdp.AddrToNet(b.Addr) != v.BackendAddr || xdp.PortToNet(b.Port) != v.BackendPort || b.Terminating {
+	if !found || xdp.AddrToNet(b.Addr) != v.BackendAddr || xdp.PortToNet(b.Port) != v.BackendPort || b.Terminating ||
+		(fe.Flags&dataplane.FrontendLocalSet != 0 && !b.Local) {
 		return 0, idle, false, nil
 	}
 	return v.BackendId, idle, true, nil

@@ -160,6 +160,14 @@ func TestEndpoints(t *testing.T) {
 			},
 		},
 		{
+			name: "an endpoint at an address of this node is kept, and reported",
+			svc:  newService("web"),
+			slices: []*discoveryv1.EndpointSlice{newSlice("web", "web-1", httpPort,
+				ep("10.0.1.1", "node-b", "RS"), ep("192.168.1.10", "node-a", "RS"))},
+			want:     map[string][]string{"default/web:http/TCP": {"10.0.1.1:8080 RS", "192.168.1.10:8080 RSL"}},
+			problems: []string{"endpoints[1].addresses[0]"},
+		},
+		{
 			name: "same port number on TCP and UDP",
 			svc: newService("dns", withPorts(
 				svcPort("dns-tcp", corev1.ProtocolTCP, 53, 0),

@@ -135,6 +135,10 @@ func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 			c.report("EndpointSlice", obj, indexed("endpoints", i)+".addresses[0]", "%s", msg)
 			continue
 		}
+		if slices.Contains(c.nodeAddrs, a) {
+			c.report("EndpointSlice", obj, indexed("endpoints", i)+".addresses[0]",
+				"%s is an address of this node (a hostNetwork pod here): packets from outside and from pods here that xdplb sends to it are dropped (drop_no_route); this node's processes and other nodes reach it", a)
+		}
 		ep := sliceEndpoint{
 			addr:        a,
 			ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,

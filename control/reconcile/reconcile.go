@@ -1488,8 +1488,10 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 			}
 			r.addrs[ap] = backendState{id: bid}
 		}
+		// Not ready counts as draining too: such an endpoint is in no set
+		// (unless as the fallback), and an affinity must not lead to it.
 		rec.backends = append(rec.backends, backend{dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
-			Terminating: e.Terminating || !e.Serving}})
+			Terminating: e.Terminating || !e.Serving || !e.Ready}})
 	}
 	rec.backends = rec.backends.sorted()
 
@@ -1561,6 +1563,12 @@ func (r *Reconciler) finish(rec *portRecord) {
 	for _, f := range svc.Frontends {
 		set, internal := tableSets(svc, f)
 		v := dataplane.Frontend{SvcID: id, TableID: tableOf[set], InternalTableID: tableOf[internal]}
+		if set == localSet {
+			v.Flags |= dataplane.FrontendLocalSet
+		}
+		if internal == localSet {
+			v.Flags |= dataplane.FrontendInternalLocalSet
+		}
 		if v.InternalTableID == 0 && len(svc.ClusterSet) > 0 {
 			v.Flags |= dataplane.FrontendInternalDropIfEmpty
 		}

@@ -178,6 +178,49 @@ func TestApplyProgramsServicePort(t *testing.T) {
 	}
 }
 
+// An endpoint that is not ready is marked draining whatever its other
+// conditions say: it is in no set (unless as the fallback) and a ClientIP
+// affinity must not lead back to it.
+func TestUnreadyEndpointsAreDraining(t *testing.T) {
+	for _, tc := range []struct {
+		name                        string
+		ready, serving, terminating bool
+		draining                    bool
+	}{
+		{"ready", true, true, false, false},
+		{"not ready, serving, not terminating (only ready set)", false, true, false, true},
+		{"not ready, not serving", false, false, false, true},
+		{"terminating, serving", false, true, true, true},
+		{"ready but terminating (odd object)", true, true, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp := newDatapath(t)
+			r, _ := reconcile.New(dp, config(), nil)
+			e := model.Endpoint{Addr: netip.MustParseAddr("10.244.1.30"), Port: 8080,
+				Ready: tc.ready, Serving: tc.serving, Terminating: tc.terminating, Weight: 1}
+			svc := web(ep("10.244.1.31", false, true), e)
+			svc.AffinityTimeout = time.Hour
+			apply(t, r, svc)
+			bes, err := dp.Backends()
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			for _, b := range bes {
+				if b.Addr == e.Addr {
+					found = true
+					if b.Terminating != tc.draining {
+						t.Errorf("backend marked terminating=%v, want %v", b.Terminating, tc.draining)
+					}
+				}
+			}
+			if !found {
+				t.Error("endpoint not programmed as a backend")
+			}
+		})
+	}
+}
+
 func TestApplyFollowsChanges(t *testing.T) {
 	dp := newDatapath(t)
 	r, _ := reconcile.New(dp, config(), nil)
@@ -236,8 +279,8 @@ func TestApplyTrafficPolicies(t *testing.T) {
 	onlyRemote.ExternalTrafficPolicyLocal = true
 	apply(t, r, onlyRemote)
 	nodePort, _ := frontend(t, dp, nodeIP, 30080)
-	if nodePort.TableID != 0 || nodePort.Flags != dataplane.FrontendExternal|dataplane.FrontendDropIfEmpty {
-		t.Errorf("eTP=Local without local endpoints: %+v, want drop, no SNAT", nodePort)
+	if want := dataplane.FrontendExternal | dataplane.FrontendDropIfEmpty | dataplane.FrontendLocalSet; nodePort.TableID != 0 || nodePort.Flags != want {
+		t.Errorf("eTP=Local without local endpoints: %+v, want drop, no SNAT, the local set (flags %#x)", nodePort, want)
 	}
 	ci, _ := frontend(t, dp, clusterIP, 80)
 	if ci.TableID == 0 {
@@ -255,6 +298,30 @@ func TestApplyTrafficPolicies(t *testing.T) {
 	for _, a := range tableBackends(t, dp, nodePort.TableID) {
 		if a != local.Addr {
 			t.Fatalf("eTP=Local table names %s", a)
+		}
+	}
+	// Which frontends use the node-local set, for traffic from outside
+	// and from this node (ClientIP affinity returns only to local
+	// backends there).
+	inner := web(remote, local)
+	inner.InternalTrafficPolicyLocal = true
+	for _, tc := range []struct {
+		name      string
+		svc       model.Service
+		addr      netip.Addr
+		port      uint16
+		wantFlags uint16
+	}{
+		{"eTP=Local NodePort", both, nodeIP, 30080, dataplane.FrontendLocalSet},
+		{"eTP=Local ClusterIP", both, clusterIP, 80, 0},
+		// A ClusterIP follows internalTrafficPolicy for every origin.
+		{"iTP=Local ClusterIP", inner, clusterIP, 80, dataplane.FrontendLocalSet | dataplane.FrontendInternalLocalSet},
+		{"iTP=Local NodePort (this node's traffic to it uses the cluster-wide set)", inner, nodeIP, 30080, 0},
+	} {
+		apply(t, r, tc.svc)
+		v, _ := frontend(t, dp, tc.addr, tc.port)
+		if got := v.Flags & (dataplane.FrontendLocalSet | dataplane.FrontendInternalLocalSet); got != tc.wantFlags {
+			t.Errorf("%s: local-set flags %#x, want %#x", tc.name, got, tc.wantFlags)
 		}
 	}
 

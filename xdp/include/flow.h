@@ -130,7 +130,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	struct frontend *fe;
 	struct pick pick;
 	__u32 table_id;
-	__u16 drop_flag;
+	__u16 drop_flag, local_flag;
 	int snat, err;
 
 	fe = bpf_map_lookup_elem(&frontends, &fkey);
@@ -145,9 +145,11 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 		}
 		table_id = fe->table_id;
 		drop_flag = FE_DROP_IF_EMPTY;
+		local_flag = FE_LOCAL_SET;
 	} else {
 		table_id = fe->internal_table_id;
 		drop_flag = FE_INTERNAL_DROP_IF_EMPTY;
+		local_flag = FE_INTERNAL_LOCAL_SET;
 	}
 
 	if (fe->flags & FE_SOURCE_RANGES) {
@@ -163,7 +165,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 		}
 	}
 
-	switch (pick_backend(fe, table_id, &res->key, cfg->hash_seed, now, &pick)) {
+	switch (pick_backend(fe, table_id, fe->flags & local_flag, &res->key, cfg->hash_seed, now, &pick)) {
 	case PICK_OK:
 		break;
 	case PICK_EMPTY:

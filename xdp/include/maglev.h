@@ -55,15 +55,17 @@ static __always_inline enum pick_result maglev_pick(__u32 table_id, __u32 hash, 
 }
 
 /*
- * Choose a backend for a new flow. With ClientIP affinity the choice is
- * remembered per (service port, client address) and reused while the client
- * keeps coming back within the timeout and the backend still exists and is
- * not terminating; the Maglev hash then covers the client address only, so
- * every node picks the same backend for a client.
+ * Choose a backend for a new flow from table_id, which holds the node-local
+ * set if local_set. With ClientIP affinity the choice is remembered per
+ * (service port, client address) and reused while the client keeps coming
+ * back within the timeout and the backend is still one of the set in use:
+ * it exists, is not draining (terminating or not ready) and, for the
+ * node-local set, runs on this node. The Maglev hash then covers the client
+ * address only, so every node picks the same backend for a client.
  */
 static __always_inline enum pick_result pick_backend(const struct frontend *fe, __u32 table_id,
-						     const struct ct_key *flow, __u32 seed,
-						     __u64 now, struct pick *out)
+						     int local_set, const struct ct_key *flow,
+						     __u32 seed, __u64 now, struct pick *out)
 {
 	struct affinity_key akey = {};
 	struct affinity_entry *aff, nentry = {};
@@ -80,7 +82,7 @@ static __always_inline enum pick_result pick_backend(const struct frontend *fe, 
 	if (aff && now - aff->last_seen_ns < (__u64)fe->affinity_timeout * NSEC_PER_SEC &&
 	    backend_get(aff->backend_id, &out->backend) &&
 	    out->backend.addr == aff->backend_addr && out->backend.port == aff->backend_port &&
-	    !(out->backend.flags & BE_TERMINATING)) {
+	    !(out->backend.flags & BE_TERMINATING) && (!local_set || (out->backend.flags & BE_LOCAL))) {
 		out->backend_id = aff->backend_id;
 		aff->last_seen_ns = now;
 		return PICK_OK;

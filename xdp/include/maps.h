@@ -74,6 +74,13 @@ enum frontend_flags {
 	FE_DROP_IF_EMPTY = 1 << 3,
 	/* The same for traffic from this node (internalTrafficPolicy Local). */
 	FE_INTERNAL_DROP_IF_EMPTY = 1 << 4,
+	/* table_id is the node-local set (a traffic policy Local that
+	 * applies to traffic from outside: externalTrafficPolicy for
+	 * external frontends, internalTrafficPolicy for a ClusterIP). */
+	FE_LOCAL_SET = 1 << 5,
+	/* internal_table_id is the node-local set (a ClusterIP with
+	 * internalTrafficPolicy Local). */
+	FE_INTERNAL_LOCAL_SET = 1 << 6,
 };
 
 struct frontend {
@@ -274,7 +281,7 @@ enum stat {
 	STAT_DROP_NAT_EXHAUSTED,  /* no free SNAT port for this backend */
 	STAT_DROP_CT_FULL,        /* conntrack or NAT insert failed */
 	STAT_DROP_STALE_NAT,      /* reply whose flow was replaced */
-	STAT_DROP_NO_ROUTE,       /* no route to the backend or client */
+	STAT_DROP_NO_ROUTE,       /* no route to the backend or client, or it is this node */
 	STAT_DROP_NO_NODE_ADDR,   /* SNAT needed but the egress device has no address */
 	STAT_DROP_FWD_DISABLED,   /* IP forwarding disabled on the ingress device */
 	STAT_DROP_TTL,            /* TTL would expire in transit */
@@ -587,7 +594,7 @@ struct agent_state {
 	__u32 pid;
 	__u32 service_ports;      /* service ports programmed */
 	__u32 problems;           /* service ports with problems in the last sync */
-	__u32 pad;
+	__u32 pid_ns;             /* inode of the pid namespace pid is in (0: not recorded) */
 };
 
 struct {

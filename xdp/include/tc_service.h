@@ -105,6 +105,17 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct packet *pkt,
 				     rev->frontend_port, rev->client_addr, rev->client_port);
 }
 
+/* Whether pkt is the reply of a SNAT flow: to a SNAT port, with NAT state. */
+static __always_inline int is_snat_reply(const struct datapath_config *cfg, const struct packet *pkt)
+{
+	struct nat_key key;
+
+	if (!snat_port_in_range(cfg, pkt->dport))
+		return 0;
+	nat_key_set(&key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
+	return reverse_lookup(&key) != NULL;
+}
+
 /* Look for a reverse entry matching the packet as a reply. */
 static __always_inline int tc_try_reply(struct __sk_buff *skb, struct packet *pkt)
 {
