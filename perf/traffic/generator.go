@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/tests/netns"
@@ -37,6 +39,9 @@ type Generator struct {
 	ifindex int
 	objs    xdp.BaselineObjects
 	slots   int
+	// hold keeps xdp_gen attached to a spare device (see holdInDispatcher).
+	hold    link.Link
+	holdDev string
 
 	mu    sync.Mutex
 	spec  Spec
@@ -65,11 +70,58 @@ func NewGenerator(ns *netns.NS, dev string) (*Generator, error) {
 	if err := xdp.LoadBaselineObjects(&g.objs, nil); err != nil {
 		return nil, fmt.Errorf("load generator program: %w", err)
 	}
+	if err := g.holdInDispatcher(); err != nil {
+		g.objs.Close()
+		return nil, err
+	}
 	return g, nil
 }
 
-// Close releases the program and its maps.
-func (g *Generator) Close() error { return g.objs.Close() }
+// holdInDispatcher attaches xdp_gen in native mode to a spare veth of the
+// generator's namespace that is never up. A BPF_PROG_TEST_RUN with
+// repetitions puts its program into the kernel's XDP dispatcher for the
+// call and takes it out after, each change waiting for an RCU grace
+// period: two per call, 10-25 ms together on a kernel with a slow tick,
+// which capped the generator at one 256-frame call per 25 ms (10k
+// frames a second) and kept its calls from growing. A program attached
+// to a device in native mode stays in the dispatcher, so the calls change
+// nothing there.
+func (g *Generator) holdInDispatcher() error {
+	g.holdDev = fmt.Sprintf("xgenhold%d", g.ifindex)
+	return g.ns.Do(func() error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: g.holdDev}, PeerName: g.holdDev + "p"}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return fmt.Errorf("generator: spare device %s: %w", g.holdDev, err)
+		}
+		dev, err := netlink.LinkByName(g.holdDev)
+		if err == nil {
+			g.hold, err = link.AttachXDP(link.XDPOptions{Program: g.objs.XdpGen, Interface: dev.Attrs().Index,
+				Flags: link.XDPDriverMode})
+		}
+		if err != nil {
+			netlink.LinkDel(veth) //nolint:errcheck // the error returned says what failed
+			return fmt.Errorf("generator: attach to spare device %s: %w", g.holdDev, err)
+		}
+		return nil
+	})
+}
+
+// Close releases the program, its maps and its spare device.
+func (g *Generator) Close() error {
+	var errs []error
+	if g.hold != nil {
+		errs = append(errs, g.hold.Close())
+		errs = append(errs, g.ns.Do(func() error {
+			dev, err := netlink.LinkByName(g.holdDev)
+			if err != nil {
+				return nil // gone with its namespace
+			}
+			return netlink.LinkDel(dev)
+		}))
+	}
+	errs = append(errs, g.objs.Close())
+	return errors.Join(errs...)
+}
 
 // Configure sets what the next runs send.
 func (g *Generator) Configure(spec Spec) error {
