@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/tests/testenv"
@@ -36,7 +37,14 @@ func TestAgentFoundInItsPIDNamespace(t *testing.T) {
 		t.Fatalf("child's pid namespace %d is not a new one", ns)
 	}
 
-	pid, alive := findAgent(1, ns)
+	// Right after fork the child may not have exec'd yet: wait for it.
+	var pid uint32
+	var alive bool
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if pid, alive = findAgent(1, ns); alive {
+			break
+		}
+	}
 	if !alive || pid != uint32(cmd.Process.Pid) {
 		t.Errorf("findAgent(1, its namespace) = %d, %v; want %d, true", pid, alive, cmd.Process.Pid)
 	}
