@@ -59,8 +59,8 @@ type Attachment struct {
 	TCMode    string // "tcx" or "clsact"
 }
 
-// AttachNIC attaches the XDP program and the TC ingress program to a NIC,
-// through pinned links: an existing attachment from an earlier agent is
+// AttachNIC attaches the XDP program, the TC ingress program and the host
+// reply program (TC egress) to a NIC, through pinned links: an existing attachment from an earlier agent is
 // updated in place (no moment without a program), a new one is created
 // otherwise. The interface is added to the XDP redirect targets and its
 // first IPv4 address becomes its SNAT source.
@@ -85,6 +85,10 @@ func (d *Datapath) AttachNIC(ifname string, mode XDPMode) (Attachment, error) {
 		return att, err
 	}
 	if att.TCMode, err = d.attachTCIngress(ifname, attrs.Index); err != nil {
+		return att, err
+	}
+	if _, err = d.attachTC(d.hostReply, tcEgressLinkPath(d.opts.PinRoot, ifname), ifname, attrs.Index,
+		tcEgress); err != nil {
 		return att, err
 	}
 	if err := d.registerInterface(dev); err != nil {
@@ -226,19 +230,38 @@ func tcLinkPath(pinRoot, ifname string) string {
 	return filepath.Join(linksDir(pinRoot), "tc-ingress-"+ifname)
 }
 
-// attachTCIngress attaches the NIC's TC ingress program.
-func (d *Datapath) attachTCIngress(ifname string, ifindex int) (string, error) {
-	return d.attachTC(d.nicIngress, tcLinkPath(d.opts.PinRoot, ifname), ifname, ifindex)
+func tcEgressLinkPath(pinRoot, ifname string) string {
+	return filepath.Join(linksDir(pinRoot), "tc-egress-"+ifname)
 }
 
-// attachTC attaches a TC ingress program with tcx where the kernel has it
-// (first in line; other programs keep running after it, as ours continue
-// with TC_ACT_UNSPEC), through a link pinned at path; an existing link on
-// the device is updated in place. A pinned link on another device, or on
+// attachTCIngress attaches the NIC's TC ingress program.
+func (d *Datapath) attachTCIngress(ifname string, ifindex int) (string, error) {
+	return d.attachTC(d.nicIngress, tcLinkPath(d.opts.PinRoot, ifname), ifname, ifindex, tcIngress)
+}
+
+// tcDirection is the TC hook a program is attached to.
+type tcDirection struct {
+	name   string // for messages
+	attach ebpf.AttachType
+	// clsact fallback: the filter's parent and name (our filters are
+	// found by name)
+	clsactParent uint32
+	clsactName   string
+}
+
+var (
+	tcIngress = tcDirection{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS, clsactFilterName}
+	tcEgress  = tcDirection{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS, clsactEgressFilterName}
+)
+
+// attachTC attaches a TC program with tcx where the kernel has it (first
+// in line; other programs keep running after it, as ours continue with
+// TC_ACT_UNSPEC), through a link pinned at path; an existing link on the
+// device is updated in place. A pinned link on another device, or on
 // none (the interface was deleted and one of the same name created, as a
 // CNI does for a pod that comes back), is dropped first: updating it would
 // fail, or program a device that is not this one.
-func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int) (string, error) {
+func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int, dir tcDirection) (string, error) {
 	if l, err := link.LoadPinnedLink(path, nil); err == nil {
 		if on, known := linkIfindex(l); known && on != ifindex {
 			l.Close()
@@ -261,17 +284,17 @@ func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int
 	l, err := link.AttachTCX(link.TCXOptions{
 		Interface: ifindex,
 		Program:   prog,
-		Attach:    ebpf.AttachTCXIngress,
+		Attach:    dir.attach,
 		Anchor:    link.Head(),
 	})
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		if err := attachClsact(ifindex, prog); err != nil {
-			return "", fmt.Errorf("interface %s: attach TC ingress (clsact): %w", ifname, err)
+		if err := attachClsact(ifindex, prog, dir); err != nil {
+			return "", fmt.Errorf("interface %s: attach TC %s (clsact): %w", ifname, dir.name, err)
 		}
 		return "clsact", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("interface %s: attach TC ingress: %w", ifname, err)
+		return "", fmt.Errorf("interface %s: attach TC %s: %w", ifname, dir.name, err)
 	}
 	defer l.Close()
 	if err := l.Pin(path); err != nil {
@@ -329,6 +352,7 @@ func NICAttached(pinRoot, ifname string) bool {
 		xdpLinkPath(pinRoot, XDPNative, ifname),
 		xdpLinkPath(pinRoot, XDPGeneric, ifname),
 		tcLinkPath(pinRoot, ifname),
+		tcEgressLinkPath(pinRoot, ifname),
 	} {
 		if _, err := os.Stat(p); err == nil {
 			return true
@@ -342,12 +366,13 @@ func NICAttached(pinRoot, ifname string) bool {
 func (d *Datapath) DetachNIC(ifname string) error {
 	var errs []error
 	errs = append(errs, d.detachXDP(ifname))
-	path := tcLinkPath(d.opts.PinRoot, ifname)
-	if l, err := link.LoadPinnedLink(path, nil); err == nil {
-		errs = append(errs, l.Unpin())
-		l.Close()
-	} else if !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
+	for _, path := range []string{tcLinkPath(d.opts.PinRoot, ifname), tcEgressLinkPath(d.opts.PinRoot, ifname)} {
+		if l, err := link.LoadPinnedLink(path, nil); err == nil {
+			errs = append(errs, l.Unpin())
+			l.Close()
+		} else if !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	if dev, err := netlink.LinkByName(ifname); err == nil {
 		d.Maps.TxPorts.Delete(uint32(dev.Attrs().Index))

@@ -9,16 +9,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Kernels before 6.6 have no tcx: the TC program is attached as a
-// direct-action cls_bpf filter on a clsact qdisc instead. The filter uses
-// its own priority and handle, so filters of other tools are left alone.
+// Kernels before 6.6 have no tcx: the TC programs are attached as
+// direct-action cls_bpf filters on a clsact qdisc instead. The filters use
+// their own priority and handle, so filters of other tools are left alone.
 const (
-	clsactFilterPriority = 1
-	clsactFilterHandle   = 0x78646c62 // "xdlb"
-	clsactFilterName     = "xdplb_nic_ingress"
+	clsactFilterPriority   = 1
+	clsactFilterHandle     = 0x78646c62 // "xdlb"
+	clsactFilterName       = "xdplb_nic_ingress"
+	clsactEgressFilterName = "xdplb_host_reply"
 )
 
-func attachClsact(ifindex int, prog *ebpf.Program) error {
+func attachClsact(ifindex int, prog *ebpf.Program, dir tcDirection) error {
 	qdisc := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{
 			LinkIndex: ifindex,
@@ -33,13 +34,13 @@ func attachClsact(ifindex int, prog *ebpf.Program) error {
 	filter := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
 			LinkIndex: ifindex,
-			Parent:    netlink.HANDLE_MIN_INGRESS,
+			Parent:    dir.clsactParent,
 			Handle:    clsactFilterHandle,
 			Protocol:  unix.ETH_P_ALL,
 			Priority:  clsactFilterPriority,
 		},
 		Fd:           prog.FD(),
-		Name:         clsactFilterName,
+		Name:         dir.clsactName,
 		DirectAction: true,
 	}
 	if err := netlink.FilterReplace(filter); err != nil {
@@ -48,21 +49,23 @@ func attachClsact(ifindex int, prog *ebpf.Program) error {
 	return nil
 }
 
-// detachClsact removes our filter, if present; the qdisc stays because
+// detachClsact removes our filters, if present; the qdisc stays because
 // other tools may use it.
 func detachClsact(ifindex int) error {
-	filters, err := netlink.FilterList(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: ifindex}},
-		netlink.HANDLE_MIN_INGRESS)
-	if err != nil {
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
-			return nil
+	for _, dir := range []tcDirection{tcIngress, tcEgress} {
+		filters, err := netlink.FilterList(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: ifindex}},
+			dir.clsactParent)
+		if err != nil {
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return err
 		}
-		return err
-	}
-	for _, f := range filters {
-		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == clsactFilterName {
-			if err := netlink.FilterDel(f); err != nil {
-				return err
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == dir.clsactName {
+				if err := netlink.FilterDel(f); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -7,7 +7,8 @@
 // Everything lives under one versioned directory on bpffs:
 //
 //	<root>/xdplb/v1/maps/<map>          pinned maps
-//	<root>/xdplb/v1/links/<hook>-<dev>  pinned links (xdp-native-eth0, tc-ingress-eth0)
+//	<root>/xdplb/v1/links/<hook>-<dev>  pinned links (xdp-native-eth0, tc-ingress-eth0,
+//	                                    tc-egress-eth0, tc-pod-veth1, tc-podreply-veth1)
 //
 // The version changes when the layout of a map's key or value changes, so
 // an agent never adopts maps it would misread.

@@ -24,6 +24,7 @@ type Maps struct {
 	Ifaces           *ebpf.Map
 	TxPorts          *ebpf.Map
 	FrontendPorts    *ebpf.Map
+	HostBackendPorts *ebpf.Map
 	Frontends        *ebpf.Map
 	Backends         *ebpf.Map
 	MaglevTables     *ebpf.Map
@@ -48,6 +49,7 @@ func (m *Maps) byName() map[string]**ebpf.Map {
 		"ifaces":             &m.Ifaces,
 		"tx_ports":           &m.TxPorts,
 		"frontend_ports":     &m.FrontendPorts,
+		"host_backend_ports": &m.HostBackendPorts,
 		"frontends":          &m.Frontends,
 		"backends":           &m.Backends,
 		"maglev_tables":      &m.MaglevTables,
@@ -94,6 +96,7 @@ type Datapath struct {
 	nic        *ebpf.Program    // XDP on the NIC
 	nicIngress *ebpf.Program    // TC ingress on the NIC
 	pod        *ebpf.Program    // TC ingress on pod interfaces
+	hostReply  *ebpf.Program    // TC egress on the NIC and pod interfaces
 	sock       *ebpf.Collection // cgroup socket programs for host processes
 	dir        string
 	opts       Options
@@ -140,6 +143,10 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read embedded pod TC object: %w", err)
 	}
+	hostReplySpec, err := xdp.LoadHostReply()
+	if err != nil {
+		return nil, fmt.Errorf("read embedded host reply TC object: %w", err)
+	}
 	sockSpec, err := xdp.LoadSock()
 	if err != nil {
 		return nil, fmt.Errorf("read embedded socket object: %w", err)
@@ -183,6 +190,10 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if d.pod, err = loadSharing(podSpec, nicSpec, coll, "xdplb_pod"); err != nil {
 		d.Close()
 		return nil, explainBPFError("load pod TC program", err)
+	}
+	if d.hostReply, err = loadSharing(hostReplySpec, nicSpec, coll, "xdplb_host_reply"); err != nil {
+		d.Close()
+		return nil, explainBPFError("load host reply TC program", err)
 	}
 	if d.sock, err = loadCollectionSharing(sockSpec, nicSpec, coll); err != nil {
 		d.Close()
@@ -237,7 +248,7 @@ func loadCollectionSharing(spec, nicSpec *ebpf.CollectionSpec, coll *ebpf.Collec
 func (d *Datapath) Close() error {
 	var errs []error
 	errs = append(errs, d.Maps.Close())
-	for _, p := range []*ebpf.Program{d.nic, d.nicIngress, d.pod} {
+	for _, p := range []*ebpf.Program{d.nic, d.nicIngress, d.pod, d.hostReply} {
 		if p != nil {
 			errs = append(errs, p.Close())
 		}
@@ -256,6 +267,10 @@ func (d *Datapath) TCProgram() *ebpf.Program { return d.nicIngress }
 
 // PodProgram returns the loaded TC program of pod interfaces.
 func (d *Datapath) PodProgram() *ebpf.Program { return d.pod }
+
+// HostReplyProgram returns the loaded TC egress program of the NIC and pod
+// interfaces.
+func (d *Datapath) HostReplyProgram() *ebpf.Program { return d.hostReply }
 
 // Options returns the options the datapath was loaded with.
 func (d *Datapath) Options() Options { return d.opts }

@@ -324,7 +324,7 @@ func TestForeignAttachmentsAreThoseNotReplaced(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if want := []string{"tc-ingress-x0", "xdp-native-x0"}; !slices.Equal(foreign, want) {
+		if want := []string{"tc-egress-x0", "tc-ingress-x0", "xdp-native-x0"}; !slices.Equal(foreign, want) {
 			t.Errorf("foreign attachments before the new datapath attaches: %v, want %v", foreign, want)
 		}
 		if _, err := dp2.AttachNIC("x0", loader.XDPNative); err != nil {

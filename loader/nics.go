@@ -14,9 +14,9 @@ import (
 )
 
 // nicLinkKinds are the prefixes of the pins of a NIC's links (see
-// xdpLinkPath and tcLinkPath); the interface name follows.
+// xdpLinkPath, tcLinkPath and tcEgressLinkPath); the interface name follows.
 func nicLinkKinds() []string {
-	return []string{"xdp-" + string(XDPNative) + "-", "xdp-" + string(XDPGeneric) + "-", "tc-ingress-"}
+	return []string{"xdp-" + string(XDPNative) + "-", "xdp-" + string(XDPGeneric) + "-", "tc-ingress-", "tc-egress-"}
 }
 
 // renamingPrefix marks the pin of a NIC link while SettleNICPins renames it.

@@ -7,49 +7,54 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 )
 
-const podLinkPrefix = "tc-pod-"
+// A pod interface has two pinned links: the pod program (TC ingress:
+// what the pod sends) and the host reply program (TC egress: what the
+// node sends the pod).
+const (
+	podLinkPrefix      = "tc-pod-"
+	podReplyLinkPrefix = "tc-podreply-"
+)
 
 func podLinkPath(pinRoot, ifname string) string {
 	return filepath.Join(linksDir(pinRoot), podLinkPrefix+ifname)
 }
 
-// AttachPod attaches the pod program to the host side of a pod interface
-// (TC ingress: what the pod sends). Attaching again updates in place.
+func podReplyLinkPath(pinRoot, ifname string) string {
+	return filepath.Join(linksDir(pinRoot), podReplyLinkPrefix+ifname)
+}
+
+// AttachPod attaches the pod program and the host reply program to the
+// host side of a pod interface. Attaching again updates in place.
 func (d *Datapath) AttachPod(ifname string) error {
 	dev, err := netlink.LinkByName(ifname)
 	if err != nil {
 		return fmt.Errorf("pod interface %s: %w", ifname, err)
 	}
-	if _, err := d.attachTC(d.pod, podLinkPath(d.opts.PinRoot, ifname), ifname, dev.Attrs().Index); err != nil {
+	ifindex := dev.Attrs().Index
+	if _, err := d.attachTC(d.pod, podLinkPath(d.opts.PinRoot, ifname), ifname, ifindex, tcIngress); err != nil {
+		return err
+	}
+	if _, err := d.attachTC(d.hostReply, podReplyLinkPath(d.opts.PinRoot, ifname), ifname, ifindex,
+		tcEgress); err != nil {
 		return err
 	}
 	return nil
 }
 
-// ForgetPod removes the pin of a pod interface's link. When the interface
-// is gone its program went with it; otherwise this detaches it.
+// ForgetPod removes the pins of a pod interface's links. When the
+// interface is gone its programs went with it; otherwise this detaches
+// them.
 func (d *Datapath) ForgetPod(ifname string) error {
-	path := podLinkPath(d.opts.PinRoot, ifname)
-	l, err := link.LoadPinnedLink(path, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		// A link whose interface vanished may fail to load: drop the pin.
-		if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
-			return fmt.Errorf("pod interface %s: remove pin: %w", ifname, rmErr)
+	var errs []error
+	for _, path := range []string{podLinkPath(d.opts.PinRoot, ifname), podReplyLinkPath(d.opts.PinRoot, ifname)} {
+		if err := unpinLink(path); err != nil {
+			errs = append(errs, fmt.Errorf("pod interface %s: %w", ifname, err))
 		}
-		return nil
 	}
-	defer l.Close()
-	if err := l.Unpin(); err != nil {
-		return fmt.Errorf("pod interface %s: unpin: %w", ifname, err)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // PodInterfaces lists the pod interfaces with a pinned link.

@@ -35,16 +35,21 @@ func TestPodInterfaceRecreatedUnderItsNameIsAttachedAgain(t *testing.T) {
 			}
 			return dev.Attrs().Index, nil
 		}
-		expectOneProgram := func(ifindex int, when string) error {
-			q, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: ebpf.AttachTCXIngress})
-			if err != nil {
-				return err
-			}
-			if n := len(q.Programs); n != 1 {
-				t.Errorf("%s: %d tcx programs on the pod interface, want 1", when, n)
+		// One program each way: the pod program on what the pod sends,
+		// the host reply program on what the node sends it.
+		expectPrograms := func(ifindex int, when string, want int) error {
+			for _, attach := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+				q, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: attach})
+				if err != nil {
+					return err
+				}
+				if n := len(q.Programs); n != want {
+					t.Errorf("%s: %d tcx programs (%s) on the pod interface, want %d", when, n, attach, want)
+				}
 			}
 			return nil
 		}
+		expectOneProgram := func(ifindex int, when string) error { return expectPrograms(ifindex, when, 1) }
 
 		first, err := recreate()
 		if err != nil {
@@ -73,6 +78,12 @@ func TestPodInterfaceRecreatedUnderItsNameIsAttachedAgain(t *testing.T) {
 		if err := dp.AttachPod("pod0"); err != nil {
 			return err
 		}
-		return expectOneProgram(second, "attached twice")
+		if err := expectOneProgram(second, "attached twice"); err != nil {
+			return err
+		}
+		if err := dp.ForgetPod("pod0"); err != nil {
+			return err
+		}
+		return expectPrograms(second, "forgotten", 0)
 	})
 }

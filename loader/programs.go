@@ -19,7 +19,7 @@ import (
 // clsact, on kernels without tcx, are not links and are not listed.)
 func (d *Datapath) ForeignAttachments() ([]string, error) {
 	ours := map[ebpf.ProgramID]bool{}
-	for _, p := range []*ebpf.Program{d.nic, d.nicIngress, d.pod} {
+	for _, p := range []*ebpf.Program{d.nic, d.nicIngress, d.pod, d.hostReply} {
 		info, err := p.Info()
 		if err != nil {
 			return nil, fmt.Errorf("program info: %w", err)

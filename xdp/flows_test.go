@@ -818,31 +818,14 @@ func TestForwardingFailures(t *testing.T) {
 		backends:  map[uint32]dataplane.Backend{32: {Addr: netip.MustParseAddr("10.244.2.7"), Port: 80}},
 		table:     []uint32{32},
 	}
-	// A hostNetwork endpoint on this node: its address is the node's own.
-	onNode := service{
-		svcID: 7, tableID: 7,
-		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30202, Proto: packet.TCP}},
-		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
-		backends:  map[uint32]dataplane.Backend{33: {Addr: nic1Addr, Port: 8443, Local: true}},
-		table:     []uint32{33},
-	}
 	f.program(lost)
 	f.program(unresolved)
-	f.program(onNode)
 	f.program(webService())
 
 	t.Run("no route", func(t *testing.T) {
 		f.t = t
 		f.expectCounters(map[string]uint64{"drop_no_route": 1, "new_flow": 1}, func() {
 			f.expectVerdict(f.run(tcpFrame(clientAddr, 7000, nodeAddr, 30200, packet.SYN, "").Bytes(), f.nic0), xdpDrop)
-		})
-	})
-	// The route lookup tells a local address from a missing route no
-	// better than "not forwarded".
-	t.Run("backend at an address of this node", func(t *testing.T) {
-		f.t = t
-		f.expectCounters(map[string]uint64{"drop_no_route": 1, "new_flow": 1}, func() {
-			f.expectVerdict(f.run(tcpFrame(clientAddr, 7004, nodeAddr, 30202, packet.SYN, "").Bytes(), f.nic0), xdpDrop)
 		})
 	})
 	t.Run("unresolved next hop", func(t *testing.T) {

@@ -52,6 +52,7 @@ type NicBackendFlags uint32
 const (
 	NicBackendFlagsBE_LOCAL       NicBackendFlags = 1
 	NicBackendFlagsBE_TERMINATING NicBackendFlags = 2
+	NicBackendFlagsBE_HOST        NicBackendFlags = 4
 )
 
 type NicCounter struct {
@@ -87,6 +88,7 @@ const (
 	NicCtFlagsCT_F_SNAT     NicCtFlags = 1
 	NicCtFlagsCT_F_EXTERNAL NicCtFlags = 2
 	NicCtFlagsCT_F_AFFINITY NicCtFlags = 4
+	NicCtFlagsCT_F_HOST     NicCtFlags = 8
 )
 
 type NicCtKey struct {
@@ -133,7 +135,7 @@ type NicFragEntry struct {
 	Saddr uint32
 	Daddr uint32
 	SvcId uint32
-	Pad   uint32
+	Flags uint32
 }
 
 type NicFragKey struct {
@@ -309,7 +311,9 @@ const (
 	NicStatSTAT_SOCK_REFUSED          NicStat = 38
 	NicStatSTAT_REJECT_TOO_BIG        NicStat = 39
 	NicStatSTAT_DROP_ICMP_RATE_LIMIT  NicStat = 40
-	NicStatSTAT_MAX                   NicStat = 41
+	NicStatSTAT_PASS_TO_HOST          NicStat = 41
+	NicStatSTAT_HOST_REPLY            NicStat = 42
+	NicStatSTAT_MAX                   NicStat = 43
 )
 
 type NicSvcCounter struct {
@@ -337,6 +341,7 @@ const (
 	NicMapFragments        = "fragments"
 	NicMapFrontendPorts    = "frontend_ports"
 	NicMapFrontends        = "frontends"
+	NicMapHostBackendPorts = "host_backend_ports"
 	NicMapIcmpBudget       = "icmp_budget"
 	NicMapIfaces           = "ifaces"
 	NicMapMaglevTables     = "maglev_tables"
@@ -413,6 +418,7 @@ type NicMapSpecs struct {
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	HostBackendPorts *ebpf.MapSpec `ebpf:"host_backend_ports"`
 	IcmpBudget       *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
@@ -465,6 +471,7 @@ type NicMaps struct {
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends        *ebpf.Map `ebpf:"frontends"`
+	HostBackendPorts *ebpf.Map `ebpf:"host_backend_ports"`
 	IcmpBudget       *ebpf.Map `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
@@ -492,6 +499,7 @@ func (m *NicMaps) Close() error {
 		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,
+		m.HostBackendPorts,
 		m.IcmpBudget,
 		m.Ifaces,
 		m.MaglevTables,

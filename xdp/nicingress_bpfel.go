@@ -25,6 +25,7 @@ const (
 	NicIngressMapFragments        = "fragments"
 	NicIngressMapFrontendPorts    = "frontend_ports"
 	NicIngressMapFrontends        = "frontends"
+	NicIngressMapHostBackendPorts = "host_backend_ports"
 	NicIngressMapIcmpBudget       = "icmp_budget"
 	NicIngressMapIfaces           = "ifaces"
 	NicIngressMapMaglevTables     = "maglev_tables"
@@ -101,6 +102,7 @@ type NicIngressMapSpecs struct {
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	HostBackendPorts *ebpf.MapSpec `ebpf:"host_backend_ports"`
 	IcmpBudget       *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
@@ -153,6 +155,7 @@ type NicIngressMaps struct {
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends        *ebpf.Map `ebpf:"frontends"`
+	HostBackendPorts *ebpf.Map `ebpf:"host_backend_ports"`
 	IcmpBudget       *ebpf.Map `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
@@ -180,6 +183,7 @@ func (m *NicIngressMaps) Close() error {
 		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,
+		m.HostBackendPorts,
 		m.IcmpBudget,
 		m.Ifaces,
 		m.MaglevTables,

@@ -24,6 +24,7 @@ const (
 	SockMapFragments          = "fragments"
 	SockMapFrontendPorts      = "frontend_ports"
 	SockMapFrontends          = "frontends"
+	SockMapHostBackendPorts   = "host_backend_ports"
 	SockMapIcmpBudget         = "icmp_budget"
 	SockMapIfaces             = "ifaces"
 	SockMapMaglevTables       = "maglev_tables"
@@ -105,6 +106,7 @@ type SockMapSpecs struct {
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
+	HostBackendPorts *ebpf.MapSpec `ebpf:"host_backend_ports"`
 	IcmpBudget       *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
@@ -156,6 +158,7 @@ type SockMaps struct {
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends        *ebpf.Map `ebpf:"frontends"`
+	HostBackendPorts *ebpf.Map `ebpf:"host_backend_ports"`
 	IcmpBudget       *ebpf.Map `ebpf:"icmp_budget"`
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
@@ -182,6 +185,7 @@ func (m *SockMaps) Close() error {
 		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,
+		m.HostBackendPorts,
 		m.IcmpBudget,
 		m.Ifaces,
 		m.MaglevTables,

@@ -9,7 +9,9 @@
  * a backend (Maglev or ClientIP affinity), DNATed (and SNATed to the node
  * when the backend is elsewhere and the policy is Cluster) and forwarded.
  * Replies from remote backends to a SNAT port are translated back here, and
- * so are ICMP errors about translated flows. Anything else is left untouched
+ * so are ICMP errors about translated flows. A backend at an address of
+ * this node gets its packets translated and passed to the stack; the
+ * host_reply program translates the node's replies on their way out. Anything else is left untouched
  * for the stack (or the TC program behind), after one parse and one lookup.
  */
 #include "include/common.h"
@@ -107,6 +109,16 @@ static __always_inline int translate_and_send(struct xdp_md *ctx, struct packet 
 	return xdp_forward(ctx, pkt, &fib, fib_rc, hop);
 }
 
+/* Translate a packet for a backend at this node's address and hand it to
+ * the stack, which delivers it locally: there is no route to follow. */
+static __always_inline int deliver_to_host(struct packet *pkt, __be32 saddr, __be16 sport,
+					   __be32 daddr, __be16 dport)
+{
+	if (rewrite_tuple(pkt, saddr, sport, daddr, dport))
+		return drop(STAT_DROP_ADJUST, pkt->len);
+	return pass(STAT_PASS_TO_HOST, pkt->len);
+}
+
 /* Traffic from a client to a port some frontend uses. */
 static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet *pkt,
 					       const struct datapath_config *cfg)
@@ -144,6 +156,8 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		break;
 	}
 	flow_source(ct, pkt, &saddr, &sport);
+	if (ct->flags & CT_F_HOST)
+		return deliver_to_host(pkt, saddr, sport, ct->backend_addr, ct->backend_port);
 	return translate_and_send(ctx, pkt, &ct->hop, saddr, sport, ct->backend_addr,
 				  ct->backend_port);
 }

@@ -240,9 +240,7 @@ func servicesCommand() *cli.Command {
 					if b.Terminating {
 						state = "terminating"
 					}
-					if b.Local {
-						state += ",local"
-					}
+					state += backendPlace(b)
 					bes = append(bes, fmt.Sprintf("%s (%s, %d/%d slots)", b.Address, state, b.Slots, f.TableSize))
 				}
 				if len(bes) == 0 {
@@ -459,9 +457,7 @@ func maglevCommand() *cli.Command {
 					if b.Terminating {
 						state = "terminating"
 					}
-					if b.Local {
-						state += ",local"
-					}
+					state += backendPlace(b)
 					fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f%%\t%s\n", b.Address, b.ID, b.Slots, 100*float64(b.Slots)/float64(r.Size), state)
 				}
 				tw.Flush()
@@ -469,4 +465,16 @@ func maglevCommand() *cli.Command {
 			return nil
 		}),
 	}
+}
+
+// backendPlace is what the backend state column adds for where a backend
+// runs: this node, or this node's own address (a hostNetwork pod here).
+func backendPlace(b inspect.BackendUse) string {
+	switch {
+	case b.Host:
+		return ",local,host"
+	case b.Local:
+		return ",local"
+	}
+	return ""
 }

@@ -165,11 +165,13 @@ func observe(t *testing.T, ns *testenv.Netns, root, iface string) state {
 		if x := l.Attrs().Xdp; x != nil && x.Attached {
 			s.xdpProg = x.ProgId
 		}
-		q, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			return fmt.Errorf("query tcx programs: %w", err)
+		for _, attach := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			q, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: attach})
+			if err != nil {
+				return fmt.Errorf("query tcx programs: %w", err)
+			}
+			s.tcxProgs += len(q.Programs)
 		}
-		s.tcxProgs = len(q.Programs)
 		raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_reserved_ports")
 		s.reservedPorts = strings.TrimSpace(string(raw))
 		return err
@@ -429,8 +431,8 @@ func TestValidFlagsAttach(t *testing.T) {
 	if !s.bpffs || !slices.Contains(s.entries, "xdplb") {
 		t.Errorf("after a valid start: bpffs mounted %v, entries %v", s.bpffs, s.entries)
 	}
-	if s.xdpProg == 0 || s.tcxProgs != 1 {
-		t.Errorf("after a valid start: XDP program id %d, %d tcx programs; want both attached", s.xdpProg, s.tcxProgs)
+	if s.xdpProg == 0 || s.tcxProgs != 2 {
+		t.Errorf("after a valid start: XDP program id %d, %d tcx programs; want XDP and TC ingress and egress", s.xdpProg, s.tcxProgs)
 	}
 	if !strings.Contains(s.reservedPorts, "40000-60999") {
 		t.Errorf("SNAT ports not reserved: ip_local_reserved_ports %q", s.reservedPorts)
@@ -440,8 +442,9 @@ func TestValidFlagsAttach(t *testing.T) {
 	if r.code != exitOK {
 		t.Fatalf("detach: exit code %d\n%s", r.code, r.stderr)
 	}
-	want := fmt.Sprintf("detached tc-ingress from %s\ndetached xdp from %s\n"+
-		"released ports 40000-60999 from net.ipv4.ip_local_reserved_ports\npins removed from %s\n", testIface, testIface, loader.Dir(root))
+	want := fmt.Sprintf("detached tc-egress from %s\ndetached tc-ingress from %s\ndetached xdp from %s\n"+
+		"released ports 40000-60999 from net.ipv4.ip_local_reserved_ports\npins removed from %s\n",
+		testIface, testIface, testIface, loader.Dir(root))
 	if r.stdout != want {
 		t.Errorf("detach said\n%s\nwant\n%s", r.stdout, want)
 	}

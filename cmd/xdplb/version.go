@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/cilium/ebpf"
 	"github.com/urfave/cli/v2"
 
 	"github.com/xdplb/xdplb/loader"
@@ -62,7 +61,7 @@ func versionInfo() (VersionInfo, error) {
 			}
 		}
 	}
-	for _, load := range []func() (*ebpf.CollectionSpec, error){xdp.LoadNic, xdp.LoadNicIngress, xdp.LoadPod, xdp.LoadSock} {
+	for _, load := range xdp.DatapathObjects() {
 		spec, err := load()
 		if err != nil {
 			return v, fmt.Errorf("read embedded BPF object: %w", err)

@@ -166,7 +166,7 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 				got = append(got, e.Name())
 			}
 			for _, name := range c.second {
-				want = append(want, "tc-ingress-"+name, "xdp-native-"+name)
+				want = append(want, "tc-egress-"+name, "tc-ingress-"+name, "xdp-native-"+name)
 			}
 			slices.Sort(got)
 			slices.Sort(want)

@@ -123,6 +123,33 @@ func (d *Dataplane) setPortBit(port uint16, on bool) error {
 	return nil
 }
 
+// SetHostBackendPorts makes the host backend port bitmap hold exactly
+// ports: those of the backends at an address of this node, whose replies
+// the host reply program looks for.
+func (d *Dataplane) SetHostBackendPorts(ports []uint16) error {
+	want := make([]uint64, 1024)
+	for _, p := range ports {
+		want[p/64] |= uint64(1) << (p % 64)
+	}
+	return writeBitmap(d.m.HostBackendPorts, want, "host backend port bitmap")
+}
+
+// writeBitmap writes the words of a port bitmap that differ from want.
+func writeBitmap(m *ebpf.Map, want []uint64, what string) error {
+	for word := range want {
+		var have uint64
+		if err := m.Lookup(uint32(word), &have); err != nil {
+			return fmt.Errorf("read %s: %w", what, err)
+		}
+		if have != want[word] {
+			if err := m.Put(uint32(word), want[word]); err != nil {
+				return fmt.Errorf("write %s: %w", what, err)
+			}
+		}
+	}
+	return nil
+}
+
 // SyncFrontendPorts makes the port bitmap hold exactly the ports of the
 // current frontends. Call it after deleting frontends: a port stays marked
 // while any frontend still uses it.
@@ -135,18 +162,7 @@ func (d *Dataplane) SyncFrontendPorts() error {
 	for k := range fes {
 		want[k.Port/64] |= uint64(1) << (k.Port % 64)
 	}
-	for word := range want {
-		var have uint64
-		if err := d.m.FrontendPorts.Lookup(uint32(word), &have); err != nil {
-			return fmt.Errorf("read port bitmap: %w", err)
-		}
-		if have != want[word] {
-			if err := d.m.FrontendPorts.Put(uint32(word), want[word]); err != nil {
-				return fmt.Errorf("write port bitmap: %w", err)
-			}
-		}
-	}
-	return nil
+	return writeBitmap(d.m.FrontendPorts, want, "port bitmap")
 }
 
 // DeleteFrontend removes a frontend; a missing one is not an error.
@@ -178,6 +194,9 @@ type Backend struct {
 	Addr  netip.Addr
 	Port  uint16
 	Local bool // on this node
+	// Host: at an address of this node (a hostNetwork pod here), always
+	// Local too. Its packets are delivered to the node's stack.
+	Host bool
 	// Terminating: terminating or not ready (draining): keeps its
 	// flows, gets no new ones unless its set has nothing better, and no
 	// ClientIP affinity returns to it.
@@ -194,6 +213,9 @@ func (b Backend) raw() xdp.NicBackend {
 	if b.Terminating {
 		flags |= uint8(xdp.NicBackendFlagsBE_TERMINATING)
 	}
+	if b.Host {
+		flags |= uint8(xdp.NicBackendFlagsBE_HOST)
+	}
 	return xdp.NicBackend{Addr: xdp.AddrToNet(b.Addr), Port: xdp.PortToNet(b.Port), Flags: flags}
 }
 
@@ -203,6 +225,7 @@ func backendOf(r xdp.NicBackend) Backend {
 		Port:        xdp.NetToPort(r.Port),
 		Local:       r.Flags&uint8(xdp.NicBackendFlagsBE_LOCAL) != 0,
 		Terminating: r.Flags&uint8(xdp.NicBackendFlagsBE_TERMINATING) != 0,
+		Host:        r.Flags&uint8(xdp.NicBackendFlagsBE_HOST) != 0,
 	}
 }
 

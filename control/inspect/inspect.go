@@ -263,8 +263,12 @@ func LinkNames(pinRoot string) ([]Attachment, error) {
 			a.Hook, a.Mode, a.Interface = "xdp", "generic", strings.TrimPrefix(name, "xdp-generic-")
 		case strings.HasPrefix(name, "tc-ingress-"):
 			a.Hook, a.Mode, a.Interface = "tc-ingress", "tcx", strings.TrimPrefix(name, "tc-ingress-")
+		case strings.HasPrefix(name, "tc-egress-"):
+			a.Hook, a.Mode, a.Interface = "tc-egress", "tcx", strings.TrimPrefix(name, "tc-egress-")
 		case strings.HasPrefix(name, "tc-pod-"):
 			a.Hook, a.Mode, a.Interface = "tc-pod", "tcx", strings.TrimPrefix(name, "tc-pod-")
+		case strings.HasPrefix(name, "tc-podreply-"):
+			a.Hook, a.Mode, a.Interface = "tc-podreply", "tcx", strings.TrimPrefix(name, "tc-podreply-")
 		case strings.HasPrefix(name, "cgroup-"):
 			a.Hook, a.Mode, a.Interface = "cgroup", strings.TrimPrefix(name, "cgroup-"), "(cgroup)"
 		default:
@@ -328,7 +332,7 @@ func attachments(pinRoot string) ([]Attachment, error) {
 // embeddedPrograms returns the BPF programs this binary carries, by name.
 func embeddedPrograms() (map[string]*ebpf.ProgramSpec, error) {
 	out := map[string]*ebpf.ProgramSpec{}
-	for _, load := range []func() (*ebpf.CollectionSpec, error){xdp.LoadNic, xdp.LoadNicIngress, xdp.LoadPod, xdp.LoadSock} {
+	for _, load := range xdp.DatapathObjects() {
 		spec, err := load()
 		if err != nil {
 			return nil, fmt.Errorf("read embedded BPF object: %w", err)
@@ -352,6 +356,7 @@ type BackendUse struct {
 	ID          uint32 `json:"id"`
 	Address     string `json:"address"`
 	Local       bool   `json:"local"`
+	Host        bool   `json:"host,omitempty"` // at an address of this node
 	Terminating bool   `json:"terminating"`
 	Slots       int    `json:"slots"`
 }
@@ -432,7 +437,8 @@ func backendUse(slots []uint32, bes map[uint32]dataplane.Backend) []BackendUse {
 	var out []BackendUse
 	for id, n := range count {
 		b := bes[id]
-		out = append(out, BackendUse{ID: id, Address: b.String(), Local: b.Local, Terminating: b.Terminating, Slots: n})
+		out = append(out, BackendUse{ID: id, Address: b.String(), Local: b.Local, Host: b.Host,
+			Terminating: b.Terminating, Slots: n})
 	}
 	slices.SortFunc(out, func(a, b BackendUse) int { return cmp.Compare(a.Address, b.Address) })
 	return out

@@ -160,12 +160,12 @@ func TestEndpoints(t *testing.T) {
 			},
 		},
 		{
-			name: "an endpoint at an address of this node is kept, and reported",
+			// A hostNetwork pod here: local even when the slice names no node.
+			name: "an endpoint at an address of this node is the host, and local",
 			svc:  newService("web"),
 			slices: []*discoveryv1.EndpointSlice{newSlice("web", "web-1", httpPort,
-				ep("10.0.1.1", "node-b", "RS"), ep("192.168.1.10", "node-a", "RS"))},
-			want:     map[string][]string{"default/web:http/TCP": {"10.0.1.1:8080 RS", "192.168.1.10:8080 RSL"}},
-			problems: []string{"endpoints[1].addresses[0]"},
+				ep("10.0.1.1", "node-b", "RS"), ep("192.168.1.10", "", "RS"))},
+			want: map[string][]string{"default/web:http/TCP": {"10.0.1.1:8080 RS", "192.168.1.10:8080 RSLH"}},
 		},
 		{
 			name: "same port number on TCP and UDP",

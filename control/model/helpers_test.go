@@ -191,7 +191,7 @@ func epStrings(eps []Endpoint) []string {
 		for _, f := range []struct {
 			on bool
 			c  string
-		}{{e.Ready, "R"}, {e.Serving, "S"}, {e.Terminating, "T"}, {e.Local, "L"}} {
+		}{{e.Ready, "R"}, {e.Serving, "S"}, {e.Terminating, "T"}, {e.Local, "L"}, {e.Host, "H"}} {
 			if f.on {
 				flags += f.c
 			}

@@ -31,6 +31,7 @@ type sliceEndpoint struct {
 	addr                        netip.Addr
 	nodeName, zone              string
 	ready, serving, terminating bool
+	host                        bool // addr is one of this node's addresses
 }
 
 // groupSlices parses the IPv4 EndpointSlices and groups them by the
@@ -135,12 +136,9 @@ func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 			c.report("EndpointSlice", obj, indexed("endpoints", i)+".addresses[0]", "%s", msg)
 			continue
 		}
-		if slices.Contains(c.nodeAddrs, a) {
-			c.report("EndpointSlice", obj, indexed("endpoints", i)+".addresses[0]",
-				"%s is an address of this node (a hostNetwork pod here): packets from outside and from pods here that xdplb sends to it are dropped (drop_no_route); this node's processes and other nodes reach it", a)
-		}
 		ep := sliceEndpoint{
 			addr:        a,
+			host:        slices.Contains(c.nodeAddrs, a),
 			ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
 			serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
 			terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
@@ -186,7 +184,8 @@ func endpointsFor(svcSlices []*slice, portName string, proto Protocol, nodeName 
 				Port:        port,
 				NodeName:    e.nodeName,
 				Zone:        e.zone,
-				Local:       nodeName != "" && e.nodeName == nodeName,
+				Local:       e.host || (nodeName != "" && e.nodeName == nodeName),
+				Host:        e.host,
 				Ready:       e.ready,
 				Serving:     e.serving,
 				Terminating: e.terminating,

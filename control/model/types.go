@@ -116,8 +116,12 @@ type Endpoint struct {
 	Port     uint16
 	NodeName string
 	Zone     string
-	// Local is true when NodeName is this node.
+	// Local is true when NodeName is this node, or Host.
 	Local bool
+	// Host is true when Addr is one of this node's addresses (a
+	// hostNetwork pod here): the datapath delivers its packets to the
+	// node's stack and translates the node's replies on their way out.
+	Host bool
 	// Conditions; a missing ready or serving condition counts as true, a
 	// missing terminating condition as false.
 	Ready, Serving, Terminating bool

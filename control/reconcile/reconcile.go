@@ -161,6 +161,10 @@ type Reconciler struct {
 	// as written by id.
 	addrs    map[netip.AddrPort]backendState
 	backends map[uint32]dataplane.Backend
+	// hostPortsStale is set when a backend at a node address (Host) was
+	// written or removed since the host backend port bitmap was last
+	// written, and before the first write.
+	hostPortsStale bool
 	// applies counts the Applies, to tell the backends one of them
 	// touched (backendState.touched).
 	applies uint64
@@ -224,6 +228,7 @@ func New(dp *dataplane.Dataplane, cfg Config, log *slog.Logger) (*Reconciler, er
 
 		usedBackendIDs: map[uint32]bool{},
 		adoptedIDs:     map[uint32]bool{},
+		hostPortsStale: true, // an earlier agent's bits are not known
 	}
 	var err error
 	if r.backends, err = dp.Backends(); err != nil {
@@ -572,10 +577,14 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 			continue
 		}
 		b := st.merged(ap)
-		if cur, ok := r.backends[st.id]; ok && cur == b {
+		cur, ok := r.backends[st.id]
+		if ok && cur == b {
 			continue
 		}
 		puts[st.id] = b
+		if b.Host || cur.Host {
+			r.hostPortsStale = true
+		}
 	}
 	// A batch that fails may have written part of puts; r.backends
 	// keeps the old values of all, so the next full Apply, which
@@ -588,6 +597,11 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		r.backends[id] = b
 	}
 	res.BackendsAdded += len(puts)
+	// The ports of backends at a node address, before any table leads
+	// to them: the host's replies are translated from the first.
+	if err := r.syncHostPorts(); err != nil {
+		return err
+	}
 	// 3. Tables, each swapped in whole.
 	if err := r.awaitInstall(r.startInstall(ctx, replacing), res); err != nil {
 		return err
@@ -683,11 +697,17 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 		}
 		if b, ok := r.backends[id]; ok {
 			res.RemovedBackends[id] = b
+			if b.Host {
+				r.hostPortsStale = true
+			}
 		}
 		delete(r.backends, id)
 		delete(r.addrs, ap)
 		delete(r.usedBackendIDs, id)
 		res.BackendsRemoved++
+	}
+	if err := r.syncHostPorts(); err != nil {
+		return err
 	}
 	// Ids and names of ports that are gone.
 	for k, rec := range old {
@@ -921,15 +941,36 @@ func (l backendList) sorted() backendList {
 // several ports share is merged from all their views: local if any sees it
 // local, terminating only if all see it terminating.
 type backendState struct {
-	id                    uint32
-	users, local, serving int32
+	id                          uint32
+	users, local, serving, host int32
 	// touched is the number of the last Apply that changed the counts.
 	touched uint64
 }
 
+// syncHostPorts writes the host backend port bitmap from the backends as
+// written, when a backend at a node address came, changed or went since
+// it was last written.
+func (r *Reconciler) syncHostPorts() error {
+	if !r.hostPortsStale {
+		return nil
+	}
+	var ports []uint16
+	for _, b := range r.backends {
+		if b.Host {
+			ports = append(ports, b.Port)
+		}
+	}
+	if err := r.dp.SetHostBackendPorts(ports); err != nil {
+		return err
+	}
+	r.hostPortsStale = false
+	return nil
+}
+
 // merged is the backend's value as its users see it together.
 func (s backendState) merged(ap netip.AddrPort) dataplane.Backend {
-	return dataplane.Backend{Addr: ap.Addr(), Port: ap.Port(), Local: s.local > 0, Terminating: s.serving == 0}
+	return dataplane.Backend{Addr: ap.Addr(), Port: ap.Port(), Local: s.local > 0, Host: s.host > 0,
+		Terminating: s.serving == 0}
 }
 
 // use adds one port's view b of a backend to its counts (delta 1) or
@@ -941,6 +982,9 @@ func (r *Reconciler) use(b backend, delta int32, touched []netip.AddrPort) []net
 	st.users += delta
 	if b.Local {
 		st.local += delta
+	}
+	if b.Host {
+		st.host += delta
 	}
 	if !b.Terminating {
 		st.serving += delta
@@ -1491,7 +1535,7 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 		// Not ready counts as draining too: such an endpoint is in no set
 		// (unless as the fallback), and an affinity must not lead to it.
 		rec.backends = append(rec.backends, backend{dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
-			Terminating: e.Terminating || !e.Serving || !e.Ready}})
+			Host: e.Host, Terminating: e.Terminating || !e.Serving || !e.Ready}})
 	}
 	rec.backends = rec.backends.sorted()
 

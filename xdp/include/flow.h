@@ -107,12 +107,19 @@ static __always_inline int ct_usable(const struct ct_entry *ct, const struct pac
 	return 1;
 }
 
-static __always_inline int port_has_frontend(__be16 port)
+/* Whether a port's bit is set in a port bitmap (frontend_ports,
+ * host_backend_ports). */
+static __always_inline int port_in_bitmap(void *bitmap, __be16 port)
 {
 	__u32 p = bpf_ntohs(port), word = p / 64;
-	__u64 *bits = bpf_map_lookup_elem(&frontend_ports, &word);
+	__u64 *bits = bpf_map_lookup_elem(bitmap, &word);
 
 	return bits && ((*bits >> (p % 64)) & 1);
+}
+
+static __always_inline int port_has_frontend(__be16 port)
+{
+	return port_in_bitmap(&frontend_ports, port);
 }
 
 /* Admit and track a new flow to a frontend. */
@@ -189,14 +196,19 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	fresh->flags = origin_ct_flags(origin);
 	if (fe->affinity_timeout)
 		fresh->flags |= CT_F_AFFINITY;
+	/* The node itself: delivered to the stack, never routed (always
+	 * BE_LOCAL too, so never source-NATed but for a hairpin). */
+	if (pick.backend.flags & BE_HOST)
+		fresh->flags |= CT_F_HOST;
 	if (pkt->proto == IPPROTO_TCP)
 		fresh->tcp_state = ct_tcp_next_state(0, pkt->tcp_flags);
 
 	/* With the packet's length, so the route's MTU is checked: a packet
 	 * too big (or a GSO packet, from TC) caches no next hop, and the hook
 	 * routes it again, answering or measuring it by its segments. */
-	if (fib_lookup_ipv4(ctx, ifindex, pkt, fresh->backend_addr, &res->fib) ==
-	    BPF_FIB_LKUP_RET_SUCCESS) {
+	if (!(fresh->flags & CT_F_HOST) &&
+	    fib_lookup_ipv4(ctx, ifindex, pkt, fresh->backend_addr, &res->fib) ==
+		    BPF_FIB_LKUP_RET_SUCCESS) {
 		fresh->hop.ifindex = res->fib.ifindex;
 		__builtin_memcpy(fresh->hop.dmac, res->fib.dmac, ETH_ALEN);
 		__builtin_memcpy(fresh->hop.smac, res->fib.smac, ETH_ALEN);

@@ -23,15 +23,17 @@ static __always_inline void frag_key_of(const struct packet *pkt, struct frag_ke
 	key->pad = 0;
 }
 
-/* Remember a first fragment's translation (orig: the tuple before it). */
+/* Remember a first fragment's translation (orig: the tuple before it;
+ * flags: enum frag_flags). */
 static __always_inline void frag_remember(const struct packet *orig, const struct packet *now,
-					  __u32 svc_id)
+					  __u32 svc_id, __u32 flags)
 {
 	struct frag_key key;
 	struct frag_entry entry = {
 		.saddr = now->saddr,
 		.daddr = now->daddr,
 		.svc_id = svc_id,
+		.flags = flags,
 	};
 
 	if (!(orig->frag_off & IP_MF))

@@ -99,6 +99,10 @@ struct frontend {
 enum backend_flags {
 	BE_LOCAL = 1 << 0,       /* runs on this node */
 	BE_TERMINATING = 1 << 1, /* keeps its flows, takes no new ones */
+	/* At an address of this node (a hostNetwork pod here): its packets
+	 * are delivered to the node's stack, whose replies the host_reply
+	 * program translates on their way out. Always with BE_LOCAL. */
+	BE_HOST = 1 << 2,
 };
 
 /* A backend: index into the backends array. An all-zero entry is unused. */
@@ -140,6 +144,7 @@ enum ct_flags {
 	CT_F_SNAT = 1 << 0,     /* source rewritten to nat_addr:nat_port */
 	CT_F_EXTERNAL = 1 << 1, /* created by the XDP program for an external frontend */
 	CT_F_AFFINITY = 1 << 2, /* the service port has ClientIP affinity */
+	CT_F_HOST = 1 << 3,     /* the backend is this node (BE_HOST) */
 };
 
 /* A cached FIB result: where to send the packets of a flow. Valid while
@@ -281,7 +286,7 @@ enum stat {
 	STAT_DROP_NAT_EXHAUSTED,  /* no free SNAT port for this backend */
 	STAT_DROP_CT_FULL,        /* conntrack or NAT insert failed */
 	STAT_DROP_STALE_NAT,      /* reply whose flow was replaced */
-	STAT_DROP_NO_ROUTE,       /* no route to the backend or client, or it is this node */
+	STAT_DROP_NO_ROUTE,       /* no route to the backend or client */
 	STAT_DROP_NO_NODE_ADDR,   /* SNAT needed but the egress device has no address */
 	STAT_DROP_FWD_DISABLED,   /* IP forwarding disabled on the ingress device */
 	STAT_DROP_TTL,            /* TTL would expire in transit */
@@ -294,6 +299,8 @@ enum stat {
 	STAT_SOCK_REFUSED,        /* a host socket's connect/sendmsg was refused */
 	STAT_REJECT_TOO_BIG,      /* too big for the egress MTU, DF set: ICMP fragmentation needed sent */
 	STAT_DROP_ICMP_RATE_LIMIT, /* an ICMP error was due, over its rate limit: dropped unanswered */
+	STAT_PASS_TO_HOST,        /* translated for a backend at this node's address: to the stack */
+	STAT_HOST_REPLY,          /* the host's reply as such a backend translated on its way out */
 	STAT_MAX,
 };
 
@@ -349,6 +356,16 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, PIN);
 } frontend_ports SEC(".maps");
+
+/* One bit per port that a backend at an address of this node (BE_HOST)
+ * listens on: the cheap first test of the host's outgoing packets. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PORT_BITMAP_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, PIN);
+} host_backend_ports SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -552,11 +569,15 @@ struct frag_key {
 };
 
 /* What its fragments are translated to. */
+enum frag_flags {
+	FRAG_F_HOST = 1 << 0, /* to a backend at this node's address: deliver, not route */
+};
+
 struct frag_entry {
 	__be32 saddr;
 	__be32 daddr;
 	__u32 svc_id;
-	__u32 pad;
+	__u32 flags; /* enum frag_flags */
 };
 
 struct {

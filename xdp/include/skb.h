@@ -33,6 +33,20 @@ static __always_inline enum parse_result skb_parse(struct __sk_buff *skb, struct
 				  flags | PARSE_F_SKB);
 }
 
+/*
+ * Parse the headers where they are, without making them linear first: for
+ * a hook that leaves almost every packet alone. Pulling would copy the
+ * headers of every cloned skb (TCP keeps a clone of each segment it
+ * sends); a packet whose headers are not all linear is left alone.
+ */
+static __always_inline enum parse_result skb_parse_in_place(struct __sk_buff *skb,
+							    struct packet *pkt, int flags)
+{
+	pkt->len = skb->len;
+	return parse_packet_flags((void *)(long)skb->data, (void *)(long)skb->data_end, pkt,
+				  flags | PARSE_F_SKB);
+}
+
 static __always_inline __u32 l4_csum_off(const struct packet *pkt)
 {
 	return pkt->l4_off + (pkt->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)

@@ -38,8 +38,25 @@ static __always_inline int tc_translate_and_send(struct __sk_buff *skb, struct p
 		count(STAT_DROP_ADJUST, skb->len);
 		return TC_ACT_SHOT;
 	}
-	frag_remember(&orig, pkt, svc_id);
+	frag_remember(&orig, pkt, svc_id, 0);
 	return skb_send(skb, &res->fib, rc, hop);
+}
+
+/* Translate a packet for a backend at this node's address and let it go
+ * on into the stack, which delivers it locally. */
+static __always_inline int tc_deliver_to_host(struct __sk_buff *skb, struct packet *pkt,
+					      __u32 svc_id, __be32 saddr, __be16 sport,
+					      __be32 daddr, __be16 dport)
+{
+	struct packet orig = *pkt;
+
+	if (skb_rewrite_tuple(skb, pkt, saddr, sport, daddr, dport)) {
+		count(STAT_DROP_ADJUST, skb->len);
+		return TC_ACT_SHOT;
+	}
+	frag_remember(&orig, pkt, svc_id, FRAG_F_HOST);
+	count(STAT_PASS_TO_HOST, skb->len);
+	return TC_ACT_OK;
 }
 
 /* A packet to a port some frontend uses. */
@@ -81,6 +98,9 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 		return TC_ACT_SHOT;
 	}
 	flow_source(ct, pkt, &saddr, &sport);
+	if (ct->flags & CT_F_HOST)
+		return tc_deliver_to_host(skb, pkt, ct->svc_id, saddr, sport, ct->backend_addr,
+					  ct->backend_port);
 	return tc_translate_and_send(skb, pkt, res, ct->svc_id, &ct->hop, saddr, sport, ct->backend_addr,
 				     ct->backend_port);
 }
@@ -134,6 +154,7 @@ static __always_inline int tc_later_fragment(struct __sk_buff *skb, struct packe
 {
 	struct frag_key key;
 	struct frag_entry *entry;
+	__u32 flags;
 
 	if (pkt->proto != IPPROTO_UDP && pkt->proto != IPPROTO_TCP)
 		return TC_ACT_UNSPEC;
@@ -143,10 +164,13 @@ static __always_inline int tc_later_fragment(struct __sk_buff *skb, struct packe
 		return TC_ACT_UNSPEC; /* not of a translated datagram: the stack's */
 	count(STAT_TC_FRAGMENT, skb->len);
 	count_service(entry->svc_id, skb->len, 0);
+	flags = entry->flags;
 	if (skb_rewrite_addrs(skb, pkt, entry->saddr, entry->daddr)) {
 		count(STAT_DROP_ADJUST, skb->len);
 		return TC_ACT_SHOT;
 	}
+	if (flags & FRAG_F_HOST)
+		return TC_ACT_OK; /* the stack delivers it, as its first */
 	return skb_forward(skb, pkt, skb->ifindex);
 }
 

@@ -1,0 +1,212 @@
+package xdp_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/tests/packet"
+)
+
+// hostBackend is a hostNetwork endpoint on the fixture node: it listens on
+// the node's own address.
+var hostBackend = dataplane.Backend{Addr: nodeAddr, Port: 8443, Local: true, Host: true}
+
+// TestBackendAtANodeAddress follows flows to a backend at an address of
+// this node through every hook: the packets are translated and handed to
+// the stack (no route lookup, which would answer "not forwarded" for a
+// local address), and the node's replies are translated back by the host
+// reply program on their way out, through the NIC to a client outside and
+// through a pod interface to a pod here.
+func TestBackendAtANodeAddress(t *testing.T) {
+	f := newFixture(t)
+	const lbPort = 443
+	f.program(service{
+		svcID: 7, tableID: 7,
+		frontends: []dataplane.FrontendKey{
+			{Addr: nodeAddr, Port: 30202, Proto: packet.TCP},
+			{Addr: lbIP, Port: lbPort, Proto: packet.TCP},
+			{Addr: clusterIP, Port: lbPort, Proto: packet.TCP},
+		},
+		flags:    dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends: map[uint32]dataplane.Backend{33: hostBackend},
+		table:    []uint32{33},
+	})
+	if err := f.maps.SetHostBackendPorts([]uint16{hostBackend.Port}); err != nil {
+		t.Fatal(err)
+	}
+	hostReply := f.dp.HostReplyProgram()
+
+	// reply is the host's packet back to a client of the flow in.
+	reply := func(in packet.Frame, flags uint8, payload string) packet.Frame {
+		return packet.Frame{
+			SrcMAC: f.nic0MAC, DstMAC: in.SrcMAC, Src: hostBackend.Addr, Dst: in.Src, Proto: in.Proto, TTL: 64,
+			SrcPort: hostBackend.Port, DstPort: in.SrcPort, Flags: flags, Seq: 9000, Ack: in.Seq + 1,
+			Payload: []byte(payload), DontFrag: true, ID: 99,
+		}
+	}
+	expectToHost := func(t *testing.T, out, in packet.Frame) {
+		t.Helper()
+		if out.Src != in.Src || out.SrcPort != in.SrcPort || out.Dst != hostBackend.Addr ||
+			out.DstPort != hostBackend.Port || string(out.Payload) != string(in.Payload) {
+			t.Errorf("to the host as %s:%d -> %s:%d %q, want %s:%d -> %s",
+				out.Src, out.SrcPort, out.Dst, out.DstPort, out.Payload, in.Src, in.SrcPort, hostBackend)
+		}
+		if out.TTL != in.TTL {
+			t.Errorf("TTL %d, want %d: delivered, not forwarded", out.TTL, in.TTL)
+		}
+	}
+	expectFromFrontend := func(t *testing.T, verdict uint32, raw []byte, r packet.Frame, fe netip.AddrPort) {
+		t.Helper()
+		if verdict != tcActOK {
+			t.Fatalf("host reply verdict %d, want TC_ACT_OK", int32(verdict))
+		}
+		out := decode(t, raw)
+		if netip.AddrPortFrom(out.Src, out.SrcPort) != fe || out.Dst != r.Dst || out.DstPort != r.DstPort ||
+			string(out.Payload) != string(r.Payload) {
+			t.Errorf("reply left as %s:%d -> %s:%d %q, want %s -> %s:%d", out.Src, out.SrcPort, out.Dst,
+				out.DstPort, out.Payload, fe, r.Dst, r.DstPort)
+		}
+	}
+
+	for _, tc := range []struct {
+		name       string
+		frontend   netip.AddrPort
+		clientPort uint16
+	}{
+		{"NodePort", netip.AddrPortFrom(nodeAddr, 30202), 7004},
+		{"LoadBalancer IP", netip.AddrPortFrom(lbIP, lbPort), 7008},
+	} {
+		t.Run(tc.name+" from outside through XDP", func(t *testing.T) {
+			f.t = t
+			syn := tcpFrame(clientAddr, tc.clientPort, tc.frontend.Addr(), tc.frontend.Port(), packet.SYN, "")
+			var r result
+			f.expectCounters(map[string]uint64{"pass_to_host": 1, "new_flow": 1, "drop_no_route": 0}, func() {
+				r = f.run(syn.Bytes(), f.nic0)
+			})
+			f.expectVerdict(r, xdpPass)
+			expectToHost(t, decode(t, r.out), syn)
+
+			synAck := reply(syn, packet.SYN|packet.ACK, "")
+			f.expectCounters(map[string]uint64{"host_reply": 1}, func() {
+				verdict, raw := f.runTC(hostReply, synAck.Bytes(), f.nic0)
+				expectFromFrontend(t, verdict, raw, synAck, tc.frontend)
+			})
+
+			// The tracked flow: the same way, without a new entry.
+			ack := tcpFrame(clientAddr, tc.clientPort, tc.frontend.Addr(), tc.frontend.Port(), packet.ACK, "GET /")
+			f.expectCounters(map[string]uint64{"pass_to_host": 1, "new_flow": 0}, func() {
+				r = f.run(ack.Bytes(), f.nic0)
+			})
+			f.expectVerdict(r, xdpPass)
+			expectToHost(t, decode(t, r.out), ack)
+		})
+	}
+
+	t.Run("from outside through TC (XDP off)", func(t *testing.T) {
+		f.t = t
+		syn := tcpFrame(clientAddr, 7005, nodeAddr, 30202, packet.SYN, "")
+		f.expectCounters(map[string]uint64{"pass_to_host": 1, "new_flow": 1}, func() {
+			verdict, raw := f.runTC(f.dp.TCProgram(), syn.Bytes(), f.nic0)
+			if verdict != tcActOK {
+				t.Fatalf("verdict %d, want TC_ACT_OK", int32(verdict))
+			}
+			expectToHost(t, decode(t, raw), syn)
+		})
+	})
+
+	t.Run("from a pod here to the ClusterIP", func(t *testing.T) {
+		f.t = t
+		syn := tcpFrame(podAddr, 34000, clusterIP, lbPort, packet.SYN, "")
+		syn.SrcMAC = localPodMAC
+		f.expectCounters(map[string]uint64{"pass_to_host": 1, "new_flow": 1}, func() {
+			verdict, raw := f.runTC(f.dp.PodProgram(), syn.Bytes(), f.pod0)
+			if verdict != tcActOK {
+				t.Fatalf("verdict %d, want TC_ACT_OK", int32(verdict))
+			}
+			expectToHost(t, decode(t, raw), syn)
+		})
+		synAck := reply(syn, packet.SYN|packet.ACK, "")
+		f.expectCounters(map[string]uint64{"host_reply": 1}, func() {
+			verdict, raw := f.runTC(hostReply, synAck.Bytes(), f.pod0)
+			expectFromFrontend(t, verdict, raw, synAck, netip.AddrPortFrom(clusterIP, lbPort))
+		})
+	})
+
+	t.Run("the host's other packets leave untouched", func(t *testing.T) {
+		f.t = t
+		syn := tcpFrame(clientAddr, 7006, nodeAddr, 30202, packet.SYN, "")
+		f.run(syn.Bytes(), f.nic0)
+		for _, tc := range []struct {
+			name  string
+			frame packet.Frame
+		}{
+			{"from the backend's port to no client of it", reply(tcpFrame(farClient, 7006, nodeAddr, 30202, packet.SYN, ""), packet.ACK, "x")},
+			{"from another port", func() packet.Frame {
+				r := reply(syn, packet.ACK, "x")
+				r.SrcPort = 22
+				return r
+			}()},
+			{"UDP from the backend's port", func() packet.Frame {
+				r := udpFrame(nodeAddr, hostBackend.Port, clientAddr, 7006, "x")
+				r.SrcMAC = f.nic0MAC
+				return r
+			}()},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				f.t = t
+				f.expectCounters(map[string]uint64{"host_reply": 0}, func() {
+					verdict, raw := f.runTC(hostReply, tc.frame.Bytes(), f.nic0)
+					if verdict != tcActUnspec || !sameBytes(raw, tc.frame.Bytes()) {
+						t.Errorf("verdict %d, changed %v; want TC_ACT_UNSPEC, untouched", int32(verdict),
+							!sameBytes(raw, tc.frame.Bytes()))
+					}
+				})
+			})
+		}
+	})
+
+	t.Run("replies of a port not marked are not looked for", func(t *testing.T) {
+		f.t = t
+		syn := tcpFrame(clientAddr, 7007, nodeAddr, 30202, packet.SYN, "")
+		f.run(syn.Bytes(), f.nic0)
+		if err := f.maps.SetHostBackendPorts(nil); err != nil {
+			t.Fatal(err)
+		}
+		defer f.maps.SetHostBackendPorts([]uint16{hostBackend.Port})
+		synAck := reply(syn, packet.SYN|packet.ACK, "")
+		verdict, raw := f.runTC(hostReply, synAck.Bytes(), f.nic0)
+		if verdict != tcActUnspec || !sameBytes(raw, synAck.Bytes()) {
+			t.Errorf("verdict %d: a reply from an unmarked port was translated", int32(verdict))
+		}
+	})
+}
+
+// TestHostReplyLeavesPodBackendsAlone: the reply of a pod backend on this
+// node (translated by the pod program as it leaves the pod) is not the
+// host's, even from a port a host backend uses, and passes the NIC's
+// egress untouched if it ever gets there untranslated.
+func TestHostReplyLeavesPodBackendsAlone(t *testing.T) {
+	f := newFixture(t)
+	podBackend := dataplane.Backend{Addr: localPod, Port: hostBackend.Port, Local: true}
+	f.program(service{
+		svcID: 8, tableID: 8,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30203, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{34: podBackend},
+		table:     []uint32{34},
+	})
+	if err := f.maps.SetHostBackendPorts([]uint16{podBackend.Port}); err != nil {
+		t.Fatal(err)
+	}
+	syn := tcpFrame(clientAddr, 7010, nodeAddr, 30203, packet.SYN, "")
+	f.expectCounters(map[string]uint64{"new_flow": 1, "pass_to_stack": 1, "pass_to_host": 0}, func() {
+		f.run(syn.Bytes(), f.nic0)
+	})
+	synAck := packet.Frame{SrcMAC: localPodMAC, Src: localPod, Dst: clientAddr, Proto: packet.TCP, TTL: 64,
+		SrcPort: podBackend.Port, DstPort: 7010, Flags: packet.SYN | packet.ACK, Seq: 1, Ack: 1001}
+	verdict, raw := f.runTC(f.dp.HostReplyProgram(), synAck.Bytes(), f.nic0)
+	if verdict != tcActUnspec || !sameBytes(raw, synAck.Bytes()) {
+		t.Errorf("verdict %d: a pod backend's reply was taken for the host's", int32(verdict))
+	}
+}

@@ -1,0 +1,103 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * tc_host.c - the TC egress program on the NIC and on the host side of
+ * every pod interface: replies of this node itself.
+ *
+ * A backend at an address of this node (a hostNetwork pod here, an API
+ * server on a control-plane node) gets its packets translated by xdp_nic,
+ * tc_nic or tc_pod and delivered to the node's stack. Its replies leave
+ * through the NIC (to clients outside) or a pod interface (to pods on this
+ * node); here they are translated back to the frontend the client reached,
+ * as a pod backend's replies are by tc_pod. So are the later fragments of
+ * such a reply. Everything else leaves untouched, after a parse of the
+ * headers in place and one bitmap test.
+ */
+#include "include/common.h"
+#include "include/maps.h"
+#include "include/counters.h"
+#include "include/conntrack.h"
+#include "include/flow.h"
+#include "include/frag.h"
+#include "include/skb.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* A packet the node sends from a port a host backend listens on: a reply
+ * if its flow's reverse entry is a host flow's. */
+static __always_inline int host_reply(struct __sk_buff *skb, struct packet *pkt)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct packet orig = *pkt;
+	struct nat_entry *rev;
+	struct nat_key key;
+	__be32 frontend_addr;
+	__be16 frontend_port;
+	__u32 svc_id;
+
+	/* Host flows are never source-NATed: their reverse entries are in
+	 * the nat map, keyed by the reply's own tuple. */
+	nat_key_set(&key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
+	rev = bpf_map_lookup_elem(&nat, &key);
+	if (!rev || !(rev->flags & CT_F_HOST))
+		return TC_ACT_UNSPEC;
+	if (reverse_touch(&key, rev, pkt, now)) {
+		count(STAT_DROP_STALE_NAT, skb->len);
+		return TC_ACT_SHOT;
+	}
+	svc_id = rev->svc_id;
+	frontend_addr = rev->frontend_addr;
+	frontend_port = rev->frontend_port;
+	if (skb_rewrite_tuple(skb, pkt, frontend_addr, frontend_port, pkt->daddr, pkt->dport)) {
+		count(STAT_DROP_ADJUST, skb->len);
+		return TC_ACT_SHOT;
+	}
+	frag_remember(&orig, pkt, svc_id, FRAG_F_HOST);
+	count(STAT_HOST_REPLY, skb->len);
+	count_service(svc_id, skb->len, 0);
+	return TC_ACT_OK;
+}
+
+/* A later fragment of a reply whose first fragment was translated here. */
+static __always_inline int host_reply_fragment(struct __sk_buff *skb, struct packet *pkt)
+{
+	struct frag_entry *entry;
+	struct frag_key key;
+	__u32 svc_id;
+
+	if (pkt->proto != IPPROTO_UDP && pkt->proto != IPPROTO_TCP)
+		return TC_ACT_UNSPEC;
+	frag_key_of(pkt, &key);
+	entry = bpf_map_lookup_elem(&fragments, &key);
+	if (!entry || !(entry->flags & FRAG_F_HOST))
+		return TC_ACT_UNSPEC;
+	svc_id = entry->svc_id;
+	if (skb_rewrite_addrs(skb, pkt, entry->saddr, entry->daddr)) {
+		count(STAT_DROP_ADJUST, skb->len);
+		return TC_ACT_SHOT;
+	}
+	count(STAT_HOST_REPLY, skb->len);
+	count_service(svc_id, skb->len, 0);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int xdplb_host_reply(struct __sk_buff *skb)
+{
+	struct packet pkt;
+
+	switch (skb_parse_in_place(skb, &pkt, PARSE_F_OPTIONS | PARSE_F_FRAGMENTS)) {
+	case PARSE_OK:
+		break;
+	case PARSE_FRAGMENT:
+		return host_reply_fragment(skb, &pkt);
+	default:
+		return TC_ACT_UNSPEC;
+	}
+	if (pkt.proto != IPPROTO_TCP && pkt.proto != IPPROTO_UDP)
+		return TC_ACT_UNSPEC;
+	if (!port_in_bitmap(&host_backend_ports, pkt.sport))
+		return TC_ACT_UNSPEC;
+	return host_reply(skb, &pkt);
+}
