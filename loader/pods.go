@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -66,10 +67,14 @@ func PodInterfaces(pinRoot string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Either pin names the interface: one whose other pin could not be
+	// removed is still listed, so it is forgotten again.
 	var out []string
 	for _, e := range entries {
-		if name, ok := strings.CutPrefix(e.Name(), podLinkPrefix); ok {
-			out = append(out, name)
+		for _, prefix := range []string{podLinkPrefix, podReplyLinkPrefix} {
+			if name, ok := strings.CutPrefix(e.Name(), prefix); ok && !slices.Contains(out, name) {
+				out = append(out, name)
+			}
 		}
 	}
 	return out, nil

@@ -166,6 +166,114 @@ func TestBackendAtANodeAddress(t *testing.T) {
 		}
 	})
 
+	// A router near the client reports a reply too big for its way on:
+	// the error reaches the host, quoting the reply as the host sent it,
+	// so path MTU discovery works through the translation.
+	for _, tc := range []struct {
+		name string
+		run  func(icmp packet.Frame) (pass bool, out []byte)
+	}{
+		{"XDP", func(icmp packet.Frame) (bool, []byte) {
+			r := f.run(icmp.Bytes(), f.nic0)
+			return r.verdict == xdpPass, r.out
+		}},
+		{"TC (XDP off)", func(icmp packet.Frame) (bool, []byte) {
+			verdict, raw := f.runTC(f.dp.TCProgram(), icmp.Bytes(), f.nic0)
+			return verdict == tcActOK, raw
+		}},
+	} {
+		t.Run("ICMP error about a reply, "+tc.name, func(t *testing.T) {
+			f.t = t
+			syn := tcpFrame(clientAddr, 7011, lbIP, lbPort, packet.SYN, "")
+			f.run(syn.Bytes(), f.nic0)
+			router := netip.MustParseAddr("192.0.2.254")
+			icmp := icmpError(gw0MAC, router, lbIP, 4, replyOf(syn))
+			var pass bool
+			var raw []byte
+			f.expectCounters(map[string]uint64{"icmp_translated": 1, "pass_to_host": 1}, func() {
+				pass, raw = tc.run(icmp)
+			})
+			if !pass {
+				t.Fatal("the error was not handed to the stack")
+			}
+			out := decode(t, raw)
+			if out.Src != router || out.Dst != hostBackend.Addr {
+				t.Errorf("error %s -> %s, want %s -> %s", out.Src, out.Dst, router, hostBackend.Addr)
+			}
+			if src, dst := quoteOf(t, out); src != netip.AddrPortFrom(hostBackend.Addr, hostBackend.Port) ||
+				dst != netip.AddrPortFrom(clientAddr, 7011) {
+				t.Errorf("quote %s -> %s, want the host's own reply %s -> %s:7011", src, dst, hostBackend, clientAddr)
+			}
+		})
+	}
+
+	t.Run("fragments of a reply", func(t *testing.T) {
+		f.t = t
+		query := udpFrame(clientAddr, 7012, lbIP, lbPort, "q")
+		f.program(service{
+			svcID: 10, tableID: 10,
+			frontends: []dataplane.FrontendKey{{Addr: lbIP, Port: lbPort, Proto: packet.UDP}},
+			flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+			backends:  map[uint32]dataplane.Backend{33: hostBackend},
+			table:     []uint32{33},
+		})
+		f.expectVerdict(f.run(query.Bytes(), f.nic0), xdpPass)
+		fragment := func(sport uint16, offset uint16, more bool) packet.Frame {
+			fr := udpFrame(hostBackend.Addr, sport, clientAddr, 7012, "part of a large answer")
+			fr.SrcMAC, fr.ID, fr.MoreFrags, fr.FragOffset = f.nic0MAC, 4242, more, offset
+			return fr
+		}
+		// A later fragment carries no UDP header to verify: read its
+		// source from the IPv4 header, whose checksum must hold.
+		source := func(raw []byte) netip.Addr {
+			t.Helper()
+			if len(raw) < 34 || packet.Checksum(raw[14:34]) != 0 {
+				t.Fatalf("fragment's IPv4 header broken: %x", raw)
+			}
+			return netip.AddrFrom4([4]byte(raw[26:30]))
+		}
+		send := func(fr packet.Frame) (uint32, []byte) {
+			return f.runTC(hostReply, fr.Bytes(), f.nic0)
+		}
+		first := fragment(hostBackend.Port, 0, true)
+		if verdict, raw := send(first); verdict != tcActOK || decode(t, raw).Src != lbIP {
+			t.Fatalf("first fragment: verdict %d, want it from %s", int32(verdict), lbIP)
+		}
+		later := fragment(hostBackend.Port, 8, false)
+		if verdict, raw := send(later); verdict != tcActOK || source(raw) != lbIP {
+			t.Errorf("later fragment: verdict %d, want it from %s like its first", int32(verdict), lbIP)
+		}
+		// The same datagram id again, from a port no backend has: its
+		// fragments are the host's own and leave untouched.
+		other := fragment(5000, 0, true)
+		if verdict, raw := send(other); verdict != tcActUnspec || !sameBytes(raw, other.Bytes()) {
+			t.Errorf("first fragment of another datagram: verdict %d, changed", int32(verdict))
+		}
+		if verdict, raw := send(later); verdict != tcActUnspec || !sameBytes(raw, later.Bytes()) {
+			t.Errorf("later fragment of another datagram: verdict %d, changed %v", int32(verdict),
+				!sameBytes(raw, later.Bytes()))
+		}
+	})
+
+	t.Run("a SYN-ACK of a flow no longer tracked is the host's own", func(t *testing.T) {
+		f.t = t
+		syn := tcpFrame(clientAddr, 7013, nodeAddr, 30202, packet.SYN, "")
+		f.run(syn.Bytes(), f.nic0)
+		key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 7013),
+			Frontend: netip.AddrPortFrom(nodeAddr, 30202), Proto: packet.TCP}
+		if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(key)); err != nil { // the forward half only
+			t.Fatal(err)
+		}
+		// The client now connects to the node address directly.
+		synAck := reply(syn, packet.SYN|packet.ACK, "")
+		f.expectCounters(map[string]uint64{"host_reply": 0}, func() {
+			verdict, raw := f.runTC(hostReply, synAck.Bytes(), f.nic0)
+			if verdict != tcActUnspec || !sameBytes(raw, synAck.Bytes()) {
+				t.Errorf("verdict %d: an answer to a direct connection was translated", int32(verdict))
+			}
+		})
+	})
+
 	t.Run("replies of a port not marked are not looked for", func(t *testing.T) {
 		f.t = t
 		syn := tcpFrame(clientAddr, 7007, nodeAddr, 30202, packet.SYN, "")

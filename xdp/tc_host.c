@@ -12,7 +12,8 @@
  * node); here they are translated back to the frontend the client reached,
  * as a pod backend's replies are by tc_pod. So are the later fragments of
  * such a reply. Everything else leaves untouched, after a parse of the
- * headers in place and one bitmap test.
+ * headers in place and one bitmap test (a later fragment: one lookup of
+ * its datagram, which a first fragment not translated here forgets).
  */
 #include "include/common.h"
 #include "include/maps.h"
@@ -23,6 +24,27 @@
 #include "include/skb.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/*
+ * Whether a SYN-ACK answers a SYN that came through a frontend: its flow
+ * is tracked and live. A client that once used a port through the
+ * frontend and now reaches the node's address directly from it finds a
+ * reverse entry that outlived its flow, which must not take the answer.
+ */
+static __always_inline int answers_live_flow(const struct nat_key *key,
+					     const struct nat_entry *rev,
+					     const struct packet *pkt, __u64 now)
+{
+	struct datapath_config *cfg = config_get();
+	struct ct_entry *ct, rebuilt;
+	struct ct_key flow;
+
+	if (!cfg)
+		return 0;
+	ct_of_nat(key, rev, now, &flow, &rebuilt);
+	ct = bpf_map_lookup_elem(&conntrack, &flow);
+	return ct && ct_answers_to(ct, key) && !ct_expired(ct, pkt->proto, cfg, now);
+}
 
 /* A packet the node sends from a port a host backend listens on: a reply
  * if its flow's reverse entry is a host flow's. */
@@ -36,11 +58,14 @@ static __always_inline int host_reply(struct __sk_buff *skb, struct packet *pkt)
 	__be16 frontend_port;
 	__u32 svc_id;
 
-	/* Host flows are never source-NATed: their reverse entries are in
-	 * the nat map, keyed by the reply's own tuple. */
+	/* Keyed by the reply's own tuple (host flows are not source-NATed;
+	 * reverse_lookup finds a SNAT slot's entry all the same). */
 	nat_key_set(&key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
-	rev = bpf_map_lookup_elem(&nat, &key);
+	rev = reverse_lookup(&key);
 	if (!rev || !(rev->flags & CT_F_HOST))
+		return TC_ACT_UNSPEC;
+	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK) &&
+	    !answers_live_flow(&key, rev, pkt, now))
 		return TC_ACT_UNSPEC;
 	if (reverse_touch(&key, rev, pkt, now)) {
 		count(STAT_DROP_STALE_NAT, skb->len);
@@ -86,6 +111,7 @@ SEC("tc")
 int xdplb_host_reply(struct __sk_buff *skb)
 {
 	struct packet pkt;
+	int ret;
 
 	switch (skb_parse_in_place(skb, &pkt, PARSE_F_OPTIONS | PARSE_F_FRAGMENTS)) {
 	case PARSE_OK:
@@ -97,7 +123,18 @@ int xdplb_host_reply(struct __sk_buff *skb)
 	}
 	if (pkt.proto != IPPROTO_TCP && pkt.proto != IPPROTO_UDP)
 		return TC_ACT_UNSPEC;
-	if (!port_in_bitmap(&host_backend_ports, pkt.sport))
-		return TC_ACT_UNSPEC;
-	return host_reply(skb, &pkt);
+	if (port_in_bitmap(&host_backend_ports, pkt.sport)) {
+		ret = host_reply(skb, &pkt);
+		if (ret != TC_ACT_UNSPEC)
+			return ret;
+	}
+	if (pkt.frag_off & IP_MF) {
+		/* A first fragment left alone: its later fragments are too,
+		 * whatever an earlier datagram of the same id left here. */
+		struct frag_key key;
+
+		frag_key_of(&pkt, &key);
+		bpf_map_delete_elem(&fragments, &key);
+	}
+	return TC_ACT_UNSPEC;
 }

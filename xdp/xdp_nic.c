@@ -187,6 +187,11 @@ static __always_inline int serve_icmp(struct xdp_md *ctx, struct packet *pkt)
 	quote = icmp_error_quote(pkt);
 	if (!quote || icmp_error_lookup(pkt, quote, &rw))
 		return pass(STAT_PASS_ICMP, pkt->len);
+	if (rw.to_host) {
+		icmp_error_rewrite(pkt, quote, &rw);
+		count(STAT_ICMP_TRANSLATED, pkt->len);
+		return pass(STAT_PASS_TO_HOST, pkt->len);
+	}
 	fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, rw.daddr, &fib);
 	icmp_error_rewrite(pkt, quote, &rw);
 	count(STAT_ICMP_TRANSLATED, pkt->len);

@@ -13,7 +13,8 @@
  *     client sent and goes to the client;
  *   - about a reply sent to a client: addressed to the frontend, the quote
  *     is looked up as the client's own flow; the error is rewritten to
- *     quote the reply as the backend sent it and goes to the backend.
+ *     quote the reply as the backend sent it and goes to the backend
+ *     (handed to the stack when the backend is this node, BE_HOST).
  *
  * Only the quote's first 8 bytes after its IPv4 header (the ports, and the
  * UDP checksum) are rewritten; a quote with IP options is left alone.
@@ -43,6 +44,8 @@ struct icmp_rewrite {
 	__be32 quote_daddr;
 	__be16 quote_sport;
 	__be16 quote_dport;
+	__u8 to_host; /* daddr is this node's (a host backend's): deliver, not route */
+	__u8 pad[3];
 };
 
 static __always_inline int icmp_is_error(const struct icmphdr *icmp)
@@ -92,6 +95,7 @@ static __always_inline int icmp_about_forward(const struct packet *pkt,
 	rw->quote_daddr = entry->frontend_addr;
 	rw->quote_dport = entry->frontend_port;
 	rw->daddr = entry->client_addr;
+	rw->to_host = 0;
 	/* From the backend itself, the error now comes from the frontend. */
 	rw->saddr = pkt->saddr == quote->ip.daddr ? entry->frontend_addr : pkt->saddr;
 	return 0;
@@ -125,6 +129,7 @@ static __always_inline int icmp_about_reply(const struct packet *pkt,
 			rw->saddr = ct->nat_addr;
 	}
 	rw->daddr = ct->backend_addr;
+	rw->to_host = !!(ct->flags & CT_F_HOST);
 	return 0;
 }
 

@@ -186,6 +186,10 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, struct packet *p
 		return TC_ACT_UNSPEC;
 	icmp_error_rewrite(pkt, quote, &rw);
 	count(STAT_ICMP_TRANSLATED, skb->len);
+	if (rw.to_host) {
+		count(STAT_PASS_TO_HOST, skb->len);
+		return TC_ACT_OK;
+	}
 	return skb_forward(skb, pkt, skb->ifindex);
 }
 
