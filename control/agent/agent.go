@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -455,7 +456,8 @@ func (a *Agent) sync(ctx context.Context) error {
 	start := time.Now()
 	pending := a.pending.Swap(0)
 	snap := a.src.Snapshot()
-	node := model.NodeInfo{Name: a.cfg.NodeName, Addresses: a.nodeAddresses(snap), ProxyName: a.cfg.ProxyName}
+	node := model.NodeInfo{Name: a.cfg.NodeName, Addresses: a.nodeAddresses(snap), Zone: nodeZone(snap),
+		ProxyName: a.cfg.ProxyName}
 	state, problems, changed := a.model.Update(model.Input{Services: snap.Services, Slices: snap.Slices, Node: node})
 	state = a.filterNodePorts(state, &problems)
 
@@ -721,6 +723,15 @@ func (a *Agent) nodeAddresses(snap source.Snapshot) []netip.Addr {
 		a.nodeAddrs = addrs
 	}
 	return addrs
+}
+
+// nodeZone is this node's topology.kubernetes.io/zone label, "" when the
+// Node is not known (services-file mode, or not seen yet) or has none.
+func nodeZone(snap source.Snapshot) string {
+	if snap.Node == nil {
+		return ""
+	}
+	return snap.Node.Labels[corev1.LabelTopologyZone]
 }
 
 // listNodeAddresses lists the NodePort addresses cfg asks for; the error

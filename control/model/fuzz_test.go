@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -84,10 +85,5 @@ func FuzzCompute(f *testing.F) {
 }
 
 func containsEndpoint(eps []Endpoint, e Endpoint) bool {
-	for _, x := range eps {
-		if x == e {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(eps, func(x Endpoint) bool { return reflect.DeepEqual(x, e) })
 }

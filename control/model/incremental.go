@@ -527,6 +527,8 @@ func nodeKey(n NodeInfo, addrs []netip.Addr) string {
 	b.WriteString(n.Name)
 	b.WriteByte('|')
 	b.WriteString(n.ProxyName)
+	b.WriteByte('|')
+	b.WriteString(n.Zone)
 	for _, a := range addrs {
 		b.WriteByte('|')
 		b.WriteString(a.String())

@@ -275,7 +275,7 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 		add(ExternalIP, externalIPs, p.Port)
 
 		p.Endpoints = endpointsFor(svcSlices, sp.Name, proto, c.node.Name)
-		p.ClusterSet = chooseSet(p.Endpoints, false)
+		p.ClusterSet = topologySet(chooseSet(p.Endpoints, false), c.node)
 		p.LocalSet = chooseSet(p.Endpoints, true)
 		c.ports = append(c.ports, port{Service: p, created: svc.CreationTimestamp.Time})
 	}
@@ -438,6 +438,50 @@ func chooseSet(eps []Endpoint, localOnly bool) []Endpoint {
 		return ready
 	}
 	return fallback
+}
+
+// topologySet narrows a cluster-wide set of ready endpoints to those its
+// slices' hints give this node, as kube-proxy does (the EndpointSlice
+// controller writes the hints for trafficDistribution and the
+// topology-mode annotation): to the endpoints hinted for this node when
+// every endpoint has node hints and one names this node, else to those
+// hinted for this node's zone when every endpoint has zone hints and one
+// names the zone. Otherwise, and for a set of terminating endpoints (the
+// fallback), the set is left whole: hints being added or removed, or a
+// zone without endpoints of its own.
+func topologySet(set []Endpoint, node NodeInfo) []Endpoint {
+	if len(set) == 0 || !set[0].Ready {
+		return set
+	}
+	allNode, forNode, allZone, forZone := true, false, true, false
+	for _, e := range set {
+		if len(e.NodeHints) == 0 {
+			allNode = false
+		} else if node.Name != "" && slices.Contains(e.NodeHints, node.Name) {
+			forNode = true
+		}
+		if len(e.ZoneHints) == 0 {
+			allZone = false
+		} else if node.Zone != "" && slices.Contains(e.ZoneHints, node.Zone) {
+			forZone = true
+		}
+	}
+	var keep func(Endpoint) bool
+	switch {
+	case allNode && forNode:
+		keep = func(e Endpoint) bool { return slices.Contains(e.NodeHints, node.Name) }
+	case allZone && forZone:
+		keep = func(e Endpoint) bool { return slices.Contains(e.ZoneHints, node.Zone) }
+	default:
+		return set
+	}
+	var out []Endpoint
+	for _, e := range set {
+		if keep(e) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // resolveConflicts gives every frontend (address, port, protocol) to one

@@ -32,6 +32,7 @@ type sliceEndpoint struct {
 	nodeName, zone              string
 	ready, serving, terminating bool
 	host                        bool // addr is one of this node's addresses
+	zoneHints, nodeHints        []string
 }
 
 // groupSlices parses the IPv4 EndpointSlices and groups them by the
@@ -149,6 +150,14 @@ func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 		if e.Zone != nil {
 			ep.zone = *e.Zone
 		}
+		if h := e.Hints; h != nil {
+			for _, z := range h.ForZones {
+				ep.zoneHints = append(ep.zoneHints, z.Name)
+			}
+			for _, n := range h.ForNodes {
+				ep.nodeHints = append(ep.nodeHints, n.Name)
+			}
+		}
 		out.endpoints = append(out.endpoints, ep)
 	}
 	return out
@@ -186,6 +195,8 @@ func endpointsFor(svcSlices []*slice, portName string, proto Protocol, nodeName 
 				Zone:        e.zone,
 				Local:       e.host || (nodeName != "" && e.nodeName == nodeName),
 				Host:        e.host,
+				ZoneHints:   e.zoneHints,
+				NodeHints:   e.nodeHints,
 				Ready:       e.ready,
 				Serving:     e.serving,
 				Terminating: e.terminating,

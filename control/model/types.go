@@ -24,6 +24,9 @@ type NodeInfo struct {
 	// Addresses are the node addresses that get NodePort frontends, after
 	// any nodePortAddresses-style filtering. Only IPv4 addresses are used.
 	Addresses []netip.Addr
+	// Zone is the node's topology.kubernetes.io/zone label, "" when
+	// unknown: endpoints' zone hints are then not followed.
+	Zone string
 	// ProxyName is this agent's service-proxy-name; "" is the default
 	// proxy, which handles only Services without the label.
 	ProxyName string
@@ -125,6 +128,9 @@ type Endpoint struct {
 	// Conditions; a missing ready or serving condition counts as true, a
 	// missing terminating condition as false.
 	Ready, Serving, Terminating bool
+	// ZoneHints and NodeHints are the zones and nodes the endpoint's
+	// slice hints it for (hints.forZones, hints.forNodes), nil without.
+	ZoneHints, NodeHints []string
 	// Weight is the endpoint's relative share of new flows, 1 unless the
 	// slice's AnnotationWeight says otherwise; never 0.
 	Weight uint32

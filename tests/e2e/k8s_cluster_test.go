@@ -596,6 +596,34 @@ func (c *k8sCluster) deleteService(t *testing.T, name string) {
 }
 
 // putSlice creates the EndpointSlice or replaces the existing one.
+// labelNode sets a label of a Node, or removes it when value is "".
+func (c *k8sCluster) labelNode(t *testing.T, name, key, value string) {
+	t.Helper()
+	// Not t.Context(): a cleanup puts the label back after it ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api := c.kube.CoreV1().Nodes()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := api.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if value == "" {
+			delete(n.Labels, key)
+		} else {
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			n.Labels[key] = value
+		}
+		_, err = api.Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("label node %s: %v", name, err)
+	}
+}
+
 func (c *k8sCluster) putSlice(t *testing.T, slice *discoveryv1.EndpointSlice) {
 	t.Helper()
 	ctx := t.Context()

@@ -290,6 +290,31 @@ func TestK8sEndpointSelection(t *testing.T) {
 		a, err = hello(c.topo.Client, denied, "203.0.113.36:9000")
 		wantAnswer(t, "LoadBalancer IP from the client now allowed", a, err, edge.String(), remote1)
 	})
+
+	// Hints the EndpointSlice controller writes (trafficDistribution,
+	// topology-mode) keep traffic in the node's zone, read from the
+	// Node's topology.kubernetes.io/zone label.
+	t.Run("TopologyHints", func(t *testing.T) {
+		svc := newService("zoned", "10.96.30.10", lineAndDNS(0, 0))
+		c.createService(t, svc)
+		hint := func(e discoveryv1.Endpoint, zone string) discoveryv1.Endpoint {
+			e.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: zone}}}
+			return e
+		}
+		c.putSlice(t, newSlice(svc, "zoned-1", lineAndDNSPorts(),
+			[]discoveryv1.Endpoint{hint(ep(remote1, epReady), "zone-a"), hint(ep(remote2, epReady), "zone-b")}))
+		vip, r1, r2 := fe("10.96.30.10", 9000, protoTCP), be(remote1, topology.LinePort), be(remote2, topology.LinePort)
+		c.edge.waitProgrammed(t, programmed{vip: {r1, r2}}) // the node has no zone yet
+
+		c.labelNode(t, "edge", corev1.LabelTopologyZone, "zone-b")
+		t.Cleanup(func() { c.labelNode(t, "edge", corev1.LabelTopologyZone, "") })
+		c.edge.waitProgrammed(t, programmed{vip: {r2}})
+		onlyFrom(t, "ClusterIP from a pod in zone-b", client.NS, "10.96.30.10:9000", 8, client.Addr.String(), remote2)
+
+		// A zone no endpoint is hinted for: all of them again.
+		c.labelNode(t, "edge", corev1.LabelTopologyZone, "zone-c")
+		c.edge.waitProgrammed(t, programmed{vip: {r1, r2}})
+	})
 }
 
 // wantHealthCheck checks a healthCheckNodePort's answer.
