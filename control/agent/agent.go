@@ -531,7 +531,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	} else {
 		a.log.Debug("datapath in sync", "service_ports", len(state.Services), "duration", elapsed)
 	}
-	a.purger.Add(res.RemovedBackends)
+	a.purger.Add(res.Stale())
 	if a.hintSweep.due(len(res.RemovedBackends), time.Now()) {
 		if err := a.releaseSNATHints(); err != nil {
 			a.log.Warn("release SNAT bucket hints of departed backends; retrying at the next sync", "error", err)

@@ -4,18 +4,21 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 
 	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/control/reconcile"
 )
 
-// purgeFunc forgets the tracked flows of removed backends
+// purgeFunc forgets the tracked flows of removed and departed backends
 // (reconcile.PurgeFlows; tests replace it).
-type purgeFunc func(ctx context.Context, dp *dataplane.Dataplane, removed map[uint32]dataplane.Backend) (int, error)
+type purgeFunc func(ctx context.Context, dp *dataplane.Dataplane, stale reconcile.Stale) (int, error)
 
-// flowPurger purges the flows of removed backends in the background, one
-// purge at a time: each walks the whole conntrack map, so backends
-// removed while a purge runs wait and go together into the next one.
+// flowPurger purges the flows of removed backends (and of backends that
+// left a service port) in the background, one purge at a time: each walks
+// the whole conntrack map, so backends removed while a purge runs wait
+// and go together into the next one.
 // Stop cancels the purges and waits for them, so they end before the
 // maps are closed.
 type flowPurger struct {
@@ -26,10 +29,10 @@ type flowPurger struct {
 	cancel context.CancelFunc
 
 	mu sync.Mutex
-	// queue holds the removed backends not purged yet, in batches: a
-	// backend id is reused, so one removed again under another address
-	// goes into a batch of its own rather than replace the first.
-	queue   []map[uint32]dataplane.Backend
+	// queue holds what is not purged yet, in batches: a backend id is
+	// reused, so one removed again under another address goes into a
+	// batch of its own rather than replace the first.
+	queue   []reconcile.Stale
 	running bool
 	done    sync.WaitGroup
 }
@@ -40,10 +43,10 @@ func newFlowPurger(plane *dataplane.Dataplane, log *slog.Logger, purge purgeFunc
 	return &flowPurger{plane: plane, log: log, purge: purge, ctx: ctx, cancel: cancel}
 }
 
-// Add queues the flows of removed backends for purging, and starts a
-// purge unless one is running (it takes them up when it is done).
-func (p *flowPurger) Add(removed map[uint32]dataplane.Backend) {
-	if len(removed) == 0 {
+// Add queues the flows of removed and departed backends for purging, and
+// starts a purge unless one is running (it takes them up when it is done).
+func (p *flowPurger) Add(stale reconcile.Stale) {
+	if stale.Empty() {
 		return
 	}
 	p.mu.Lock()
@@ -51,7 +54,7 @@ func (p *flowPurger) Add(removed map[uint32]dataplane.Backend) {
 	if p.ctx.Err() != nil {
 		return // stopped
 	}
-	p.enqueue(removed)
+	p.enqueue(stale)
 	if p.running {
 		return
 	}
@@ -60,24 +63,29 @@ func (p *flowPurger) Add(removed map[uint32]dataplane.Backend) {
 	go p.run()
 }
 
-// enqueue merges removed into the last batch of the queue, or starts a
-// new batch where an id there names another backend.
-func (p *flowPurger) enqueue(removed map[uint32]dataplane.Backend) {
+// enqueue merges stale into the last batch of the queue, or starts a new
+// batch where an id there names another removed backend. (Departures name
+// their backend's address: they merge whatever the ids.)
+func (p *flowPurger) enqueue(stale reconcile.Stale) {
 	if n := len(p.queue); n > 0 {
-		last := p.queue[n-1]
+		last := &p.queue[n-1]
 		clash := false
-		for id, b := range removed {
-			if have, ok := last[id]; ok && have != b {
+		for id, b := range stale.Removed {
+			if have, ok := last.Removed[id]; ok && have != b {
 				clash = true
 				break
 			}
 		}
 		if !clash {
-			maps.Copy(last, removed)
+			if last.Removed == nil && len(stale.Removed) > 0 {
+				last.Removed = map[uint32]dataplane.Backend{}
+			}
+			maps.Copy(last.Removed, stale.Removed)
+			last.Departed = append(last.Departed, stale.Departed...)
 			return
 		}
 	}
-	p.queue = append(p.queue, maps.Clone(removed))
+	p.queue = append(p.queue, reconcile.Stale{Removed: maps.Clone(stale.Removed), Departed: slices.Clone(stale.Departed)})
 }
 
 // run purges batches until the queue is empty or the purger stops.
@@ -98,9 +106,11 @@ func (p *flowPurger) run() {
 		n, err := p.purge(p.ctx, p.plane, batch)
 		switch {
 		case err != nil && p.ctx.Err() == nil:
-			p.log.Warn("purge flows of removed backends", "backends", len(batch), "error", err)
+			p.log.Warn("purge flows of removed backends", "backends", len(batch.Removed),
+				"departures", len(batch.Departed), "error", err)
 		case n > 0:
-			p.log.Info("flows of removed backends purged", "backends", len(batch), "flows", n)
+			p.log.Info("flows of removed backends purged", "backends", len(batch.Removed),
+				"departures", len(batch.Departed), "flows", n)
 		}
 	}
 }

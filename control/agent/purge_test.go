@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/control/reconcile"
 )
 
 // One purge runs at a time; backends removed meanwhile are purged by the
@@ -42,7 +43,8 @@ func TestFlowPurgerMergesRemovalsDuringAPurge(t *testing.T) {
 			var mu sync.Mutex
 			var calls []batch
 			var active, most atomic.Int32
-			purge := func(ctx context.Context, _ *dataplane.Dataplane, removed map[uint32]dataplane.Backend) (int, error) {
+			purge := func(ctx context.Context, _ *dataplane.Dataplane, stale reconcile.Stale) (int, error) {
+				removed := stale.Removed
 				if n := active.Add(1); n > most.Load() {
 					most.Store(n)
 				}
@@ -60,10 +62,10 @@ func TestFlowPurgerMergesRemovalsDuringAPurge(t *testing.T) {
 			p := newFlowPurger(nil, discard(), purge)
 			defer p.Stop()
 			first := batch{1: be("10.0.0.1")}
-			p.Add(first)
+			p.Add(reconcile.Stale{Removed: first})
 			<-started
 			for _, b := range c.during {
-				p.Add(b)
+				p.Add(reconcile.Stale{Removed: b})
 			}
 			close(release)
 			p.done.Wait() // the queue is empty once the purges end
@@ -95,7 +97,7 @@ func TestAgentStopWaitsForThePurge(t *testing.T) {
 	}
 	started := make(chan struct{})
 	var finished atomic.Bool
-	a.purger.purge = func(ctx context.Context, _ *dataplane.Dataplane, _ map[uint32]dataplane.Backend) (int, error) {
+	a.purger.purge = func(ctx context.Context, _ *dataplane.Dataplane, _ reconcile.Stale) (int, error) {
 		close(started)
 		<-ctx.Done()
 		time.Sleep(100 * time.Millisecond) // a purge slow to notice
@@ -139,5 +141,33 @@ func TestAgentStopWaitsForThePurge(t *testing.T) {
 	}
 	if !finished.Load() {
 		t.Fatal("Run returned while a purge was still running")
+	}
+}
+
+// Departures queued while a purge runs go into the next purge with the
+// removals, whatever their backend ids.
+func TestFlowPurgerQueuesDepartures(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	var calls []reconcile.Stale
+	purge := func(ctx context.Context, _ *dataplane.Dataplane, stale reconcile.Stale) (int, error) {
+		calls = append(calls, stale)
+		if len(calls) == 1 {
+			close(started)
+			<-release
+		}
+		return 0, nil
+	}
+	p := newFlowPurger(nil, discard(), purge)
+	defer p.Stop()
+	b := dataplane.Backend{Addr: netip.MustParseAddr("10.0.0.5"), Port: 8080}
+	p.Add(reconcile.Stale{Removed: map[uint32]dataplane.Backend{1: b}})
+	<-started
+	left := reconcile.Departure{SvcID: 3, BackendID: 5, Backend: b}
+	p.Add(reconcile.Stale{Departed: []reconcile.Departure{left}})
+	p.Add(reconcile.Stale{Removed: map[uint32]dataplane.Backend{2: b}})
+	close(release)
+	p.done.Wait()
+	if len(calls) != 2 || len(calls[1].Departed) != 1 || calls[1].Departed[0] != left || len(calls[1].Removed) != 1 {
+		t.Fatalf("purges %+v, want the departure and the second removal in the second", calls)
 	}
 }

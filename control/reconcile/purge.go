@@ -6,20 +6,55 @@ import (
 	"github.com/xdplb/xdplb/control/dataplane"
 )
 
+// Departure is a backend that left one service port while other ports
+// keep it (so its id stays): that port's tracked flows and ClientIP
+// affinity clients to it are stale, as they are for a removed backend.
+type Departure struct {
+	SvcID     uint32 // the service port's id
+	BackendID uint32
+	Backend   dataplane.Backend
+}
+
+// Stale is what an Apply leaves for a purge: the backends it freed and the
+// backends that left a service port.
+type Stale struct {
+	Removed  map[uint32]dataplane.Backend
+	Departed []Departure
+}
+
+// Empty reports whether there is nothing to purge.
+func (s Stale) Empty() bool { return len(s.Removed) == 0 && len(s.Departed) == 0 }
+
+// departureKey identifies a departure: service port and backend id.
+type departureKey struct{ svc, backend uint32 }
+
 // PurgeFlows forgets tracked flows (both halves) whose backend was
-// removed, so their SNAT ports are free at once. The datapath already
-// stops following such flows on their next packet (a TCP client gets a
-// RST, a UDP flow picks a new backend); the purge also covers flows that
-// send nothing more. A flow counts only if its backend id and address both
-// match, so flows of a new backend that reuses the id are left alone.
-func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, removed map[uint32]dataplane.Backend) (int, error) {
-	if len(removed) == 0 {
+// removed, or left the flow's service port, so their SNAT ports are free
+// at once, and the ClientIP affinity entries of departed backends. The
+// datapath already stops following flows of a removed backend on their
+// next packet (a TCP client gets a RST, a UDP flow picks a new backend);
+// the purge also covers flows that send nothing more, and flows of a
+// backend still in use by another port, which the datapath cannot tell
+// from live ones. A flow counts only if its backend id and address both
+// match, so flows of a new backend that reuses the id are left alone. It
+// returns the number of flows purged.
+func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale) (int, error) {
+	if stale.Empty() {
 		return 0, nil
 	}
-	var stale []dataplane.Flow
+	departed := make(map[departureKey]dataplane.Backend, len(stale.Departed))
+	for _, d := range stale.Departed {
+		departed[departureKey{d.SvcID, d.BackendID}] = d.Backend
+	}
+	same := func(b dataplane.Backend, ok bool, f dataplane.Flow) bool {
+		return ok && b.Addr == f.Backend.Addr() && b.Port == f.Backend.Port()
+	}
+	var flows []dataplane.Flow
 	err := dp.Flows(func(f dataplane.Flow) bool {
-		if b, ok := removed[f.BackendID]; ok && b.Addr == f.Backend.Addr() && b.Port == f.Backend.Port() {
-			stale = append(stale, f)
+		b, removed := stale.Removed[f.BackendID]
+		d, left := departed[departureKey{f.SvcID, f.BackendID}]
+		if same(b, removed, f) || same(d, left, f) {
+			flows = append(flows, f)
 		}
 		return ctx.Err() == nil
 	})
@@ -27,7 +62,7 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, removed map[uint32
 		return 0, err
 	}
 	n := 0
-	for _, f := range stale {
+	for _, f := range flows {
 		if err := ctx.Err(); err != nil {
 			return n, err
 		}
@@ -35,6 +70,15 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, removed map[uint32
 			return n, err
 		}
 		n++
+	}
+	if len(departed) > 0 {
+		_, err := dp.DeleteAffinities(func(e dataplane.AffinityEntry) bool {
+			b, ok := departed[departureKey{e.SvcID, e.BackendID}]
+			return ok && b.Addr == e.Backend.Addr() && b.Port == e.Backend.Port()
+		})
+		if err != nil {
+			return n, err
+		}
 	}
 	return n, nil
 }

@@ -52,6 +52,15 @@ type Result struct {
 	// RemovedBackends are the backends freed by this Apply: flows still
 	// tracked to them are stale (see PurgeFlows).
 	RemovedBackends map[uint32]dataplane.Backend
+	// Departed are the backends that left a service port in this Apply
+	// while other ports keep them: that port's flows and affinity
+	// clients to them are stale too.
+	Departed []Departure
+}
+
+// Stale is what the Apply leaves for PurgeFlows.
+func (r Result) Stale() Stale {
+	return Stale{Removed: r.RemovedBackends, Departed: r.Departed}
 }
 
 // FreedRoom reports whether Apply deleted anything from a map whose room
@@ -412,10 +421,14 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	}
 	r.applies++
 	touched := make([]netip.AddrPort, 0, nBackends)
+	var leaving []departure
 	for k, rec := range next {
 		if old := r.ports[k]; old != nil {
 			for _, b := range old.backends {
 				touched = r.use(b, -1, touched)
+				if old.id != 0 && (rec == nil || rec.id != old.id || !rec.backends.has(b.addrPort())) {
+					leaving = append(leaving, departure{old.id, b.addrPort()})
+				}
 			}
 		}
 		if rec != nil {
@@ -433,6 +446,13 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	err := r.write(ctx, touched, next, oldPorts, full, install, replacing, &res)
 	if werr := r.awaitInstall(install, &res); err == nil {
 		err = werr // no error of write's own: it waited for them
+	}
+	// Backends that left a port and are still in use: not freed, so the
+	// datapath cannot tell their flows of that port from live ones.
+	for _, l := range leaving {
+		if st, ok := r.addrs[l.backend]; ok && st.users > 0 {
+			res.Departed = append(res.Departed, Departure{SvcID: l.svcID, BackendID: st.id, Backend: r.backends[st.id]})
+		}
 	}
 	for _, b := range builds {
 		if b.built {
@@ -919,6 +939,18 @@ func (b backend) addrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b
 // backendList is a port's backends ordered by address and port, each
 // once: smaller than a map for the few endpoints most ports have.
 type backendList []backend
+
+// has reports whether the list holds the backend at ap.
+func (l backendList) has(ap netip.AddrPort) bool {
+	_, found := slices.BinarySearchFunc(l, ap, func(b backend, ap netip.AddrPort) int { return b.addrPort().Compare(ap) })
+	return found
+}
+
+// departure is a backend leaving a service port (see Result.Departed).
+type departure struct {
+	svcID   uint32
+	backend netip.AddrPort
+}
 
 // sorted orders l and keeps the last of duplicates, as a map filled in
 // l's order would.

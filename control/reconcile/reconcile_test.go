@@ -443,26 +443,71 @@ func TestOutOfIDsIsReportedNotFatal(t *testing.T) {
 	}
 }
 
+// A backend that leaves one service port while another keeps it is not
+// freed, but reported as departed from that port, under its id there.
+func TestApplyReportsBackendsLeavingAPort(t *testing.T) {
+	dp := newDatapath(t)
+	r, _ := reconcile.New(dp, config(), nil)
+	a, shared := ep("10.244.1.10", false, true), ep("10.244.1.20", false, true)
+	other := func(eps ...model.Endpoint) model.Service {
+		s := web(eps...)
+		s.Name, s.NodePort = "other", 30081
+		s.Frontends = []model.Frontend{{Addr: nodeIP, Port: 30081, Protocol: model.TCP, Kind: model.NodePort}}
+		return s
+	}
+	apply(t, r, web(a, shared), other(shared))
+	webFE, _ := frontend(t, dp, nodeIP, 30080)
+
+	res := apply(t, r, web(a), other(shared))
+	if len(res.RemovedBackends) != 0 || len(res.Departed) != 1 {
+		t.Fatalf("removed %v, departed %+v; want one departure and nothing freed", res.RemovedBackends, res.Departed)
+	}
+	d := res.Departed[0]
+	if d.SvcID != webFE.SvcID || d.Backend.Addr != shared.Addr || d.Backend.Port != shared.Port {
+		t.Errorf("departure %+v, want %s from service port %d", d, shared.Addr, webFE.SvcID)
+	}
+	bes, err := dp.Backends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, ok := bes[d.BackendID]; !ok || b.Addr != shared.Addr {
+		t.Errorf("backend id %d is %+v, want %s (still in use)", d.BackendID, b, shared.Addr)
+	}
+
+	// Unchanged ports report nothing; the last port letting it go frees it.
+	if res := apply(t, r, web(a), other(shared)); len(res.Departed) != 0 {
+		t.Errorf("departures without a change: %+v", res.Departed)
+	}
+	if res := apply(t, r, web(a), other()); len(res.Departed) != 0 || len(res.RemovedBackends) != 1 {
+		t.Errorf("the last user gone: departed %+v, removed %v; want it removed", res.Departed, res.RemovedBackends)
+	}
+}
+
 func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 	dp := newDatapath(t)
 	gone := netip.MustParseAddr("10.244.1.10")
 	reused := netip.MustParseAddr("10.244.1.99")
+	shared := netip.MustParseAddr("10.244.1.20")
 	// Flow 1 is to the removed backend 7; flow 2 to backend 7 after the
-	// id went to another address; flow 3 to backend 8.
+	// id went to another address; flow 3 to backend 8. Backend 9 left
+	// service port 2 and stays in service port 1: flow 4 (port 2) goes,
+	// flow 5 (port 1) stays.
 	flows := []struct {
 		client  uint16
-		id      uint32
+		svc, id uint32
 		backend netip.Addr
 		purged  bool
 	}{
-		{1001, 7, gone, true},
-		{1002, 7, reused, false},
-		{1003, 8, gone, false},
+		{1001, 1, 7, gone, true},
+		{1002, 1, 7, reused, false},
+		{1003, 1, 8, gone, false},
+		{1004, 2, 9, shared, true},
+		{1005, 1, 9, shared, false},
 	}
 	for _, f := range flows {
 		k := xdp.NicCtKey{Saddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1")), Daddr: xdp.AddrToNet(nodeIP),
 			Sport: xdp.PortToNet(f.client), Dport: xdp.PortToNet(30080), Proto: dataplane.TCP}
-		v := xdp.NicCtEntry{BackendId: f.id, BackendAddr: xdp.AddrToNet(f.backend), BackendPort: xdp.PortToNet(8080)}
+		v := xdp.NicCtEntry{SvcId: f.svc, BackendId: f.id, BackendAddr: xdp.AddrToNet(f.backend), BackendPort: xdp.PortToNet(8080)}
 		if err := dp.Maps().Conntrack.Put(k, v); err != nil {
 			t.Fatal(err)
 		}
@@ -473,10 +518,32 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	removed := map[uint32]dataplane.Backend{7: {Addr: gone, Port: 8080}}
-	n, err := reconcile.PurgeFlows(context.Background(), dp, removed)
-	if err != nil || n != 1 {
-		t.Fatalf("purged %d flows (%v), want 1", n, err)
+	// ClientIP affinity to backend 9: the client of port 2 is sent
+	// elsewhere from now on, the client of port 1 keeps it.
+	client := netip.MustParseAddr("198.51.100.1")
+	affinity := func(svc uint32) xdp.NicAffinityKey {
+		return xdp.NicAffinityKey{SvcId: svc, ClientAddr: xdp.AddrToNet(client)}
+	}
+	for _, svc := range []uint32{1, 2} {
+		e := xdp.NicAffinityEntry{BackendId: 9, BackendAddr: xdp.AddrToNet(shared), BackendPort: xdp.PortToNet(8080)}
+		if err := dp.Maps().Affinity.Put(affinity(svc), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stale := reconcile.Stale{
+		Removed:  map[uint32]dataplane.Backend{7: {Addr: gone, Port: 8080}},
+		Departed: []reconcile.Departure{{SvcID: 2, BackendID: 9, Backend: dataplane.Backend{Addr: shared, Port: 8080}}},
+	}
+	n, err := reconcile.PurgeFlows(context.Background(), dp, stale)
+	if err != nil || n != 2 {
+		t.Fatalf("purged %d flows (%v), want 2", n, err)
+	}
+	var e xdp.NicAffinityEntry
+	if err := dp.Maps().Affinity.Lookup(affinity(2), &e); err == nil {
+		t.Error("the affinity of the port the backend left is still there")
+	}
+	if err := dp.Maps().Affinity.Lookup(affinity(1), &e); err != nil {
+		t.Errorf("the affinity of the port that keeps the backend: %v", err)
 	}
 	left := map[uint16]bool{}
 	dp.Flows(func(f dataplane.Flow) bool { left[f.Client.Port()] = true; return true })

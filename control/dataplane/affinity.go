@@ -1,0 +1,52 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// AffinityEntry is one ClientIP affinity entry: a client of a service
+// port, and the backend the datapath sends its new flows to.
+type AffinityEntry struct {
+	SvcID     uint32
+	Client    netip.Addr
+	BackendID uint32
+	Backend   netip.AddrPort
+}
+
+// DeleteAffinities deletes the ClientIP affinity entries stale says are
+// stale and returns how many it deleted. Entries deleted meanwhile by the
+// datapath's LRU are not an error.
+func (d *Dataplane) DeleteAffinities(stale func(AffinityEntry) bool) (int, error) {
+	var keys []xdp.NicAffinityKey
+	var k xdp.NicAffinityKey
+	var v xdp.NicAffinityEntry
+	it := d.m.Affinity.Iterate()
+	for it.Next(&k, &v) {
+		e := AffinityEntry{SvcID: k.SvcId, Client: xdp.NetToAddr(k.ClientAddr), BackendID: v.BackendId,
+			Backend: netip.AddrPortFrom(xdp.NetToAddr(v.BackendAddr), xdp.NetToPort(v.BackendPort))}
+		if stale(e) {
+			keys = append(keys, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read affinity: %w", err)
+	}
+	n := 0
+	for _, key := range keys {
+		err := d.m.Affinity.Delete(key)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("delete affinity entry: %w", err)
+		}
+		n++
+	}
+	return n, nil
+}
