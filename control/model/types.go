@@ -186,9 +186,10 @@ type Service struct {
 	// Endpoints are all usable endpoints of this port, sorted by address
 	// and port.
 	Endpoints []Endpoint
-	// ClusterSet is the ready endpoints or, if there are none, the serving
-	// and terminating ones. LocalSet is the same rule applied to the local
-	// endpoints only. Both keep the order of Endpoints.
+	// ClusterSet is the ready endpoints, narrowed by topology hints for
+	// this node (see topologySet), or, if there are none, the serving and
+	// terminating ones. LocalSet is the same rule applied to the local
+	// endpoints only, without hints. Both keep the order of Endpoints.
 	ClusterSet, LocalSet []Endpoint
 }
 

@@ -946,6 +946,36 @@ func (l backendList) has(ap netip.AddrPort) bool {
 	return found
 }
 
+// hintedOut returns the ready endpoints of a service port that are in
+// neither of its sets: those topology hints leave out of the cluster-wide
+// set (model.Service.ClusterSet) and that are not in the node-local one.
+// nil when the cluster-wide set has every ready endpoint, as it has
+// without hints.
+func hintedOut(svc *model.Service) map[netip.AddrPort]bool {
+	ready := 0
+	for _, e := range svc.Endpoints {
+		if e.Ready {
+			ready++
+		}
+	}
+	if len(svc.ClusterSet) == 0 || !svc.ClusterSet[0].Ready || len(svc.ClusterSet) == ready {
+		return nil
+	}
+	inSets := make(map[netip.AddrPort]bool, len(svc.ClusterSet)+len(svc.LocalSet))
+	for _, set := range [][]model.Endpoint{svc.ClusterSet, svc.LocalSet} {
+		for _, e := range set {
+			inSets[netip.AddrPortFrom(e.Addr, e.Port)] = true
+		}
+	}
+	out := map[netip.AddrPort]bool{}
+	for _, e := range svc.Endpoints {
+		if ap := netip.AddrPortFrom(e.Addr, e.Port); e.Ready && !inSets[ap] {
+			out[ap] = true
+		}
+	}
+	return out
+}
+
 // departure is a backend leaving a service port (see Result.Departed).
 type departure struct {
 	svcID   uint32
@@ -1550,8 +1580,9 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 	rec.id = id
 
 	// Every endpoint is a backend, also those in no set (terminating, not
-	// ready): their tracked flows keep working until the endpoint leaves
-	// its EndpointSlice.
+	// ready, or left out by topology hints): their tracked flows keep
+	// working until the endpoint leaves its EndpointSlice.
+	outOfSets := hintedOut(svc)
 	for _, e := range svc.Endpoints {
 		ap := netip.AddrPortFrom(e.Addr, e.Port)
 		if _, ok := r.addrs[ap]; !ok {
@@ -1566,8 +1597,9 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 		}
 		// Not ready counts as draining too: such an endpoint is in no set
 		// (unless as the fallback), and an affinity must not lead to it.
+		// So does one that topology hints leave out of the sets.
 		rec.backends = append(rec.backends, backend{dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
-			Host: e.Host, Terminating: e.Terminating || !e.Serving || !e.Ready}})
+			Host: e.Host, Terminating: e.Terminating || !e.Serving || !e.Ready || outOfSets[ap]}})
 	}
 	rec.backends = rec.backends.sorted()
 

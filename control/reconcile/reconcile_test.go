@@ -178,6 +178,42 @@ func TestApplyProgramsServicePort(t *testing.T) {
 	}
 }
 
+// A ready endpoint that topology hints leave out of the set in use (for
+// this node's zone) is draining: it keeps its flows, gets no slots, and a
+// ClientIP affinity does not lead back to it. Without hints nothing is.
+func TestEndpointsHintedOutAreDraining(t *testing.T) {
+	in, out := ep("10.244.1.40", false, true), ep("10.244.1.41", false, true)
+	for _, tc := range []struct {
+		name     string
+		set      []model.Endpoint
+		draining bool
+	}{
+		{"left out by hints", []model.Endpoint{in}, true},
+		{"no hints", []model.Endpoint{in, out}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp := newDatapath(t)
+			r, _ := reconcile.New(dp, config(), nil)
+			svc := web(in, out)
+			svc.ClusterSet = tc.set
+			svc.AffinityTimeout = time.Hour
+			apply(t, r, svc)
+			bes, err := dp.Backends()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range bes {
+				if b.Addr == out.Addr && b.Terminating != tc.draining {
+					t.Errorf("%s marked draining=%v, want %v", b.Addr, b.Terminating, tc.draining)
+				}
+				if b.Addr == in.Addr && b.Terminating {
+					t.Errorf("%s in the set marked draining", b.Addr)
+				}
+			}
+		})
+	}
+}
+
 // An endpoint that is not ready is marked draining whatever its other
 // conditions say: it is in no set (unless as the fallback) and a ClientIP
 // affinity must not lead back to it.
