@@ -203,7 +203,9 @@ func assemble(cfg Config, log *slog.Logger, src source.Source, dp *loader.Datapa
 	a.tracker = health.NewTracker(cfg.HealthTimeout, cfg.NodeName, nil)
 	a.metrics = metrics.New(a.plane, log)
 	a.hcNodes = health.NewNodePortServers(a.tracker, "", log)
-	a.purger = newFlowPurger(a.plane, log, reconcile.PurgeFlows)
+	a.purger = newFlowPurger(a.plane, log, func(ctx context.Context, dp *dataplane.Dataplane, s reconcile.Stale) (int, error) {
+		return reconcile.PurgeFlows(ctx, dp, s, a.rec.StillDeparted)
+	})
 	return a, nil
 }
 
@@ -483,6 +485,9 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err != nil {
 		a.pending.Add(pending)
 		a.needFull = true
+		// What the failed Apply freed or saw leave is stale all the
+		// same: the retry does not see those changes again.
+		a.purger.Add(res.Stale())
 		return err
 	}
 	a.needFull = false

@@ -9,10 +9,14 @@ import (
 // Departure is a backend that left one service port while other ports
 // keep it (so its id stays): that port's tracked flows and ClientIP
 // affinity clients to it are stale, as they are for a removed backend.
+// AffinityOnly: it is still an endpoint of the port, but topology hints
+// left it out of the sets the port's tables are built from; only the
+// affinity entries naming it are stale (its flows go on).
 type Departure struct {
-	SvcID     uint32 // the service port's id
-	BackendID uint32
-	Backend   dataplane.Backend
+	SvcID        uint32 // the service port's id
+	BackendID    uint32
+	Backend      dataplane.Backend
+	AffinityOnly bool
 }
 
 // Stale is what an Apply leaves for a purge: the backends it freed and the
@@ -36,15 +40,40 @@ type departureKey struct{ svc, backend uint32 }
 // the purge also covers flows that send nothing more, and flows of a
 // backend still in use by another port, which the datapath cannot tell
 // from live ones. A flow counts only if its backend id and address both
-// match, so flows of a new backend that reuses the id are left alone. It
-// returns the number of flows purged.
-func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale) (int, error) {
+// match, so flows of a new backend that reuses the id are left alone.
+//
+// still says whether a departure holds now (Reconciler.StillDeparted): a
+// purge runs after the Apply that reported it, and a backend that came
+// back meanwhile keeps what it got since. Affinity entries go first, so
+// no client is led back to a departed backend while its flows are being
+// purged. It returns the number of flows purged.
+func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still func(Departure) bool) (int, error) {
 	if stale.Empty() {
 		return 0, nil
 	}
-	departed := make(map[departureKey]dataplane.Backend, len(stale.Departed))
+	affinity := map[departureKey]dataplane.Backend{}
+	departed := map[departureKey]dataplane.Backend{}
 	for _, d := range stale.Departed {
-		departed[departureKey{d.SvcID, d.BackendID}] = d.Backend
+		if still != nil && !still(d) {
+			continue
+		}
+		k := departureKey{d.SvcID, d.BackendID}
+		affinity[k] = d.Backend
+		if !d.AffinityOnly {
+			departed[k] = d.Backend
+		}
+	}
+	if len(affinity) > 0 {
+		_, err := dp.DeleteAffinities(func(e dataplane.AffinityEntry) bool {
+			b, ok := affinity[departureKey{e.SvcID, e.BackendID}]
+			return ok && b.Addr == e.Backend.Addr() && b.Port == e.Backend.Port()
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	if len(stale.Removed) == 0 && len(departed) == 0 {
+		return 0, nil
 	}
 	same := func(b dataplane.Backend, ok bool, f dataplane.Flow) bool {
 		return ok && b.Addr == f.Backend.Addr() && b.Port == f.Backend.Port()
@@ -70,15 +99,6 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale) (int,
 			return n, err
 		}
 		n++
-	}
-	if len(departed) > 0 {
-		_, err := dp.DeleteAffinities(func(e dataplane.AffinityEntry) bool {
-			b, ok := departed[departureKey{e.SvcID, e.BackendID}]
-			return ok && b.Addr == e.Backend.Addr() && b.Port == e.Backend.Port()
-		})
-		if err != nil {
-			return n, err
-		}
 	}
 	return n, nil
 }

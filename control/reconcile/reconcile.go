@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
@@ -142,19 +143,26 @@ type portRecord struct {
 	// backends is this port's view of its endpoints; a backend several
 	// ports share is merged from all views.
 	backends backendList
-	problems []string
+	// hintedOut are the ready endpoints topology hints leave out of both
+	// sets (see hintedOut); nil when there are none.
+	hintedOut map[netip.AddrPort]bool
+	problems  []string
 	// waitsForRoom: refused, whole or in part, for lack of room in a map
 	// or an id range (Result.WaitingForRoom).
 	waitsForRoom bool
 	pending      *pendingPort
 }
 
-// Reconciler owns the datapath maps' contents. It is not safe for
-// concurrent use: one sync loop calls Apply.
+// Reconciler owns the datapath maps' contents. One sync loop calls
+// Apply; StillDeparted may be called from elsewhere meanwhile.
 type Reconciler struct {
 	dp  *dataplane.Dataplane
 	cfg Config
 	log *slog.Logger
+
+	// mu is held by Apply while it changes the records, and by
+	// StillDeparted while it reads them.
+	mu sync.Mutex
 
 	// Per service port: what it wants (applied, or about to be).
 	ports map[string]*portRecord
@@ -309,6 +317,8 @@ func (r *Reconciler) ApplyChanges(ctx context.Context, changed map[string]*model
 }
 
 func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service, full bool) (Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	var res Result
 	var keys []string
 	if full {
@@ -426,8 +436,13 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		if old := r.ports[k]; old != nil {
 			for _, b := range old.backends {
 				touched = r.use(b, -1, touched)
-				if old.id != 0 && (rec == nil || rec.id != old.id || !rec.backends.has(b.addrPort())) {
-					leaving = append(leaving, departure{old.id, b.addrPort()})
+				ap := b.addrPort()
+				switch {
+				case old.id == 0:
+				case rec == nil || rec.id != old.id || !rec.backends.has(ap):
+					leaving = append(leaving, departure{old.id, ap, false})
+				case !old.hintedOut[ap] && rec.hintedOut[ap]:
+					leaving = append(leaving, departure{old.id, ap, true})
 				}
 			}
 		}
@@ -451,7 +466,8 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	// datapath cannot tell their flows of that port from live ones.
 	for _, l := range leaving {
 		if st, ok := r.addrs[l.backend]; ok && st.users > 0 {
-			res.Departed = append(res.Departed, Departure{SvcID: l.svcID, BackendID: st.id, Backend: r.backends[st.id]})
+			res.Departed = append(res.Departed, Departure{SvcID: l.svcID, BackendID: st.id,
+				Backend: r.backends[st.id], AffinityOnly: l.affinityOnly})
 		}
 	}
 	for _, b := range builds {
@@ -976,10 +992,31 @@ func hintedOut(svc *model.Service) map[netip.AddrPort]bool {
 	return out
 }
 
-// departure is a backend leaving a service port (see Result.Departed).
+// departure is a backend leaving a service port, or only the sets its
+// tables are built from (see Result.Departed).
 type departure struct {
-	svcID   uint32
-	backend netip.AddrPort
+	svcID        uint32
+	backend      netip.AddrPort
+	affinityOnly bool
+}
+
+// StillDeparted reports whether a departure still holds as the last Apply
+// left the records: the backend is not among the port's endpoints (or,
+// for an affinity-only departure, not in its sets). A backend that came
+// back since must keep the flows and affinity it has got meanwhile.
+func (r *Reconciler) StillDeparted(d Departure) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key, ok := r.portOfID[d.SvcID]
+	if !ok {
+		return true // the port is gone
+	}
+	rec := r.ports[key]
+	ap := netip.AddrPortFrom(d.Backend.Addr, d.Backend.Port)
+	if rec == nil || !rec.backends.has(ap) {
+		return true
+	}
+	return d.AffinityOnly && rec.hintedOut[ap]
 }
 
 // sorted orders l and keeps the last of duplicates, as a map filled in
@@ -1583,6 +1620,7 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 	// ready, or left out by topology hints): their tracked flows keep
 	// working until the endpoint leaves its EndpointSlice.
 	outOfSets := hintedOut(svc)
+	rec.hintedOut = outOfSets
 	for _, e := range svc.Endpoints {
 		ap := netip.AddrPortFrom(e.Addr, e.Port)
 		if _, ok := r.addrs[ap]; !ok {

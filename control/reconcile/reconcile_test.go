@@ -510,12 +510,43 @@ func TestApplyReportsBackendsLeavingAPort(t *testing.T) {
 		t.Errorf("backend id %d is %+v, want %s (still in use)", d.BackendID, b, shared.Addr)
 	}
 
+	if !r.StillDeparted(d) {
+		t.Error("the departure does not hold right after it")
+	}
+	// It comes back before the purge runs: the purge must leave it alone.
+	apply(t, r, web(a, shared), other(shared))
+	if r.StillDeparted(d) {
+		t.Error("a backend that came back is still taken for departed")
+	}
+	apply(t, r, web(a), other(shared))
+
 	// Unchanged ports report nothing; the last port letting it go frees it.
 	if res := apply(t, r, web(a), other(shared)); len(res.Departed) != 0 {
 		t.Errorf("departures without a change: %+v", res.Departed)
 	}
 	if res := apply(t, r, web(a), other()); len(res.Departed) != 0 || len(res.RemovedBackends) != 1 {
 		t.Errorf("the last user gone: departed %+v, removed %v; want it removed", res.Departed, res.RemovedBackends)
+	}
+}
+
+// An endpoint that topology hints leave out of a port's sets departs for
+// affinity only: its flows are the port's still.
+func TestApplyReportsEndpointsHintedOut(t *testing.T) {
+	dp := newDatapath(t)
+	r, _ := reconcile.New(dp, config(), nil)
+	in, out := ep("10.244.1.50", false, true), ep("10.244.1.51", false, true)
+	apply(t, r, web(in, out))
+	narrowed := web(in, out)
+	narrowed.ClusterSet = []model.Endpoint{in}
+	res := apply(t, r, narrowed)
+	if len(res.Departed) != 1 || !res.Departed[0].AffinityOnly || res.Departed[0].Backend.Addr != out.Addr {
+		t.Fatalf("departed %+v, want %s for affinity only", res.Departed, out.Addr)
+	}
+	if !r.StillDeparted(res.Departed[0]) {
+		t.Error("the departure does not hold")
+	}
+	if res := apply(t, r, web(in, out)); len(res.Departed) != 0 {
+		t.Errorf("back in the set: departed %+v", res.Departed)
 	}
 }
 
@@ -539,6 +570,7 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 		{1003, 1, 8, gone, false},
 		{1004, 2, 9, shared, true},
 		{1005, 1, 9, shared, false},
+		{1006, 3, 9, shared, false}, // port 3 left it out by hints: affinity only
 	}
 	for _, f := range flows {
 		k := xdp.NicCtKey{Saddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1")), Daddr: xdp.AddrToNet(nodeIP),
@@ -560,23 +592,31 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 	affinity := func(svc uint32) xdp.NicAffinityKey {
 		return xdp.NicAffinityKey{SvcId: svc, ClientAddr: xdp.AddrToNet(client)}
 	}
-	for _, svc := range []uint32{1, 2} {
+	for _, svc := range []uint32{1, 2, 3} {
 		e := xdp.NicAffinityEntry{BackendId: 9, BackendAddr: xdp.AddrToNet(shared), BackendPort: xdp.PortToNet(8080)}
 		if err := dp.Maps().Affinity.Put(affinity(svc), e); err != nil {
 			t.Fatal(err)
 		}
 	}
+	back := reconcile.Departure{SvcID: 1, BackendID: 8, Backend: dataplane.Backend{Addr: gone, Port: 8080}}
 	stale := reconcile.Stale{
-		Removed:  map[uint32]dataplane.Backend{7: {Addr: gone, Port: 8080}},
-		Departed: []reconcile.Departure{{SvcID: 2, BackendID: 9, Backend: dataplane.Backend{Addr: shared, Port: 8080}}},
+		Removed: map[uint32]dataplane.Backend{7: {Addr: gone, Port: 8080}},
+		Departed: []reconcile.Departure{
+			{SvcID: 2, BackendID: 9, Backend: dataplane.Backend{Addr: shared, Port: 8080}},
+			back, // came back before the purge: flow 3 stays
+			{SvcID: 3, BackendID: 9, Backend: dataplane.Backend{Addr: shared, Port: 8080}, AffinityOnly: true},
+		},
 	}
-	n, err := reconcile.PurgeFlows(context.Background(), dp, stale)
+	still := func(d reconcile.Departure) bool { return d != back }
+	n, err := reconcile.PurgeFlows(context.Background(), dp, stale, still)
 	if err != nil || n != 2 {
 		t.Fatalf("purged %d flows (%v), want 2", n, err)
 	}
 	var e xdp.NicAffinityEntry
-	if err := dp.Maps().Affinity.Lookup(affinity(2), &e); err == nil {
-		t.Error("the affinity of the port the backend left is still there")
+	for _, svc := range []uint32{2, 3} {
+		if err := dp.Maps().Affinity.Lookup(affinity(svc), &e); err == nil {
+			t.Errorf("the affinity of port %d, which the backend left, is still there", svc)
+		}
 	}
 	if err := dp.Maps().Affinity.Lookup(affinity(1), &e); err != nil {
 		t.Errorf("the affinity of the port that keeps the backend: %v", err)
