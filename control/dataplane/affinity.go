@@ -24,17 +24,15 @@ type AffinityEntry struct {
 // datapath's LRU are not an error.
 func (d *Dataplane) DeleteAffinities(stale func(AffinityEntry) bool) (int, error) {
 	var keys []xdp.NicAffinityKey
-	var k xdp.NicAffinityKey
-	var v xdp.NicAffinityEntry
-	it := d.m.Affinity.Iterate()
-	for it.Next(&k, &v) {
+	err := eachEntry(d.m.Affinity, func(k xdp.NicAffinityKey, v xdp.NicAffinityEntry) bool {
 		e := AffinityEntry{SvcID: k.SvcId, Client: xdp.NetToAddr(k.ClientAddr), BackendID: v.BackendId,
 			Backend: netip.AddrPortFrom(xdp.NetToAddr(v.BackendAddr), xdp.NetToPort(v.BackendPort))}
 		if stale(e) {
 			keys = append(keys, k)
 		}
-	}
-	if err := it.Err(); err != nil {
+		return true
+	})
+	if err != nil {
 		return 0, fmt.Errorf("read affinity: %w", err)
 	}
 	n := 0

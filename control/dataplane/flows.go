@@ -66,18 +66,35 @@ func (f Flow) Key() FlowKey { return FlowKey{Client: f.Client, Frontend: f.Front
 
 // Flows calls fn for every tracked flow until fn returns false.
 func (d *Dataplane) Flows(fn func(Flow) bool) error {
-	var k xdp.NicCtKey
-	var v xdp.NicCtEntry
-	it := d.m.Conntrack.Iterate()
-	for it.Next(&k, &v) {
-		if !fn(flowOf(k, v)) {
-			return nil
-		}
-	}
-	if err := it.Err(); err != nil {
+	err := eachEntry(d.m.Conntrack, func(k xdp.NicCtKey, v xdp.NicCtEntry) bool { return fn(flowOf(k, v)) })
+	if err != nil {
 		return fmt.Errorf("read conntrack: %w", err)
 	}
 	return nil
+}
+
+// eachEntry calls fn for every entry of a hash map until it returns
+// false, reading the map in batches. A batch walk goes bucket by bucket:
+// entries the datapath adds or evicts meanwhile (an LRU map under
+// traffic) are seen or not, where a key-by-key walk whose current key is
+// evicted starts over, and gives up after max_entries steps.
+func eachEntry[K, V any](m *ebpf.Map, fn func(K, V) bool) error {
+	keys, values := make([]K, flowBatch), make([]V, flowBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		for i := range n {
+			if !fn(keys[i], values[i]) {
+				return nil
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // Flow looks up one tracked flow.
