@@ -536,7 +536,11 @@ func (a *Agent) sync(ctx context.Context) error {
 	} else {
 		a.log.Debug("datapath in sync", "service_ports", len(state.Services), "duration", elapsed)
 	}
-	a.purger.Add(res.Stale())
+	stale := res.Stale()
+	// The first sync has no earlier records: check every flow and
+	// affinity entry an earlier agent left against the ones it wrote.
+	stale.Sweep = a.syncs == 0
+	a.purger.Add(stale)
 	if a.hintSweep.due(len(res.RemovedBackends), time.Now()) {
 		if err := a.releaseSNATHints(); err != nil {
 			a.log.Warn("release SNAT bucket hints of departed backends; retrying at the next sync", "error", err)

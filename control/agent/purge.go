@@ -82,10 +82,12 @@ func (p *flowPurger) enqueue(stale reconcile.Stale) {
 			}
 			maps.Copy(last.Removed, stale.Removed)
 			last.Departed = append(last.Departed, stale.Departed...)
+			last.Sweep = last.Sweep || stale.Sweep
 			return
 		}
 	}
-	p.queue = append(p.queue, reconcile.Stale{Removed: maps.Clone(stale.Removed), Departed: slices.Clone(stale.Departed)})
+	p.queue = append(p.queue, reconcile.Stale{Removed: maps.Clone(stale.Removed), Departed: slices.Clone(stale.Departed),
+		Sweep: stale.Sweep})
 }
 
 // run purges batches until the queue is empty or the purger stops.

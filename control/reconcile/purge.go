@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"net/netip"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 )
@@ -20,14 +21,18 @@ type Departure struct {
 }
 
 // Stale is what an Apply leaves for a purge: the backends it freed and the
-// backends that left a service port.
+// backends that left a service port. Sweep asks for every tracked flow and
+// affinity entry to be checked against the records instead (the first
+// sync after a start, which has no earlier records to compare with: what
+// changed while no agent ran is found so).
 type Stale struct {
 	Removed  map[uint32]dataplane.Backend
 	Departed []Departure
+	Sweep    bool
 }
 
 // Empty reports whether there is nothing to purge.
-func (s Stale) Empty() bool { return len(s.Removed) == 0 && len(s.Departed) == 0 }
+func (s Stale) Empty() bool { return len(s.Removed) == 0 && len(s.Departed) == 0 && !s.Sweep }
 
 // departureKey identifies a departure: service port and backend id.
 type departureKey struct{ svc, backend uint32 }
@@ -63,16 +68,23 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still
 			departed[k] = d.Backend
 		}
 	}
-	if len(affinity) > 0 {
+	// An entry of a sweep is stale when the records say its backend is
+	// not (or no longer) what its port uses.
+	swept := func(svc, id uint32, ap netip.AddrPort, affinityOnly bool) bool {
+		return stale.Sweep && still != nil && still(Departure{SvcID: svc, BackendID: id,
+			Backend: dataplane.Backend{Addr: ap.Addr(), Port: ap.Port()}, AffinityOnly: affinityOnly})
+	}
+	if len(affinity) > 0 || stale.Sweep {
 		_, err := dp.DeleteAffinities(func(e dataplane.AffinityEntry) bool {
 			b, ok := affinity[departureKey{e.SvcID, e.BackendID}]
-			return ok && b.Addr == e.Backend.Addr() && b.Port == e.Backend.Port()
+			return ok && b.Addr == e.Backend.Addr() && b.Port == e.Backend.Port() ||
+				swept(e.SvcID, e.BackendID, e.Backend, true)
 		})
 		if err != nil {
 			return 0, err
 		}
 	}
-	if len(stale.Removed) == 0 && len(departed) == 0 {
+	if len(stale.Removed) == 0 && len(departed) == 0 && !stale.Sweep {
 		return 0, nil
 	}
 	same := func(b dataplane.Backend, ok bool, f dataplane.Flow) bool {
@@ -82,7 +94,7 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still
 	err := dp.Flows(func(f dataplane.Flow) bool {
 		b, removed := stale.Removed[f.BackendID]
 		d, left := departed[departureKey{f.SvcID, f.BackendID}]
-		if same(b, removed, f) || same(d, left, f) {
+		if same(b, removed, f) || same(d, left, f) || swept(f.SvcID, f.BackendID, f.Backend, false) {
 			flows = append(flows, f)
 		}
 		return ctx.Err() == nil

@@ -550,6 +550,81 @@ func TestApplyReportsEndpointsHintedOut(t *testing.T) {
 	}
 }
 
+// After a restart the first Apply has no records to compare with: a sweep
+// checks every flow and affinity entry against the new records, and
+// forgets what a port no longer has (an endpoint that left one Service
+// while no agent ran), keeping everything else.
+func TestSweepAfterRestart(t *testing.T) {
+	dp := newDatapath(t)
+	a, shared := ep("10.244.1.60", false, true), ep("10.244.1.61", false, true)
+	other := func(eps ...model.Endpoint) model.Service {
+		s := web(eps...)
+		s.Name, s.NodePort = "other", 30081
+		s.Frontends = []model.Frontend{{Addr: nodeIP, Port: 30081, Protocol: model.TCP, Kind: model.NodePort}}
+		return s
+	}
+	before, _ := reconcile.New(dp, config(), nil)
+	apply(t, before, web(a, shared), other(shared))
+	webFE, _ := frontend(t, dp, nodeIP, 30080)
+	otherFE, _ := frontend(t, dp, nodeIP, 30081)
+	bes, err := dp.Backends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[netip.Addr]uint32{}
+	for id, b := range bes {
+		ids[b.Addr] = id
+	}
+	client := netip.MustParseAddr("198.51.100.1")
+	type entry struct {
+		port    uint16
+		svc     uint32
+		backend netip.Addr
+		stale   bool
+	}
+	entries := []entry{
+		{2001, webFE.SvcID, shared.Addr, true}, // web no longer has it
+		{2002, webFE.SvcID, a.Addr, false},
+		{2003, otherFE.SvcID, shared.Addr, false},
+	}
+	for _, e := range entries {
+		k := xdp.NicCtKey{Saddr: xdp.AddrToNet(client), Daddr: xdp.AddrToNet(nodeIP),
+			Sport: xdp.PortToNet(e.port), Dport: xdp.PortToNet(30080), Proto: dataplane.TCP}
+		v := xdp.NicCtEntry{SvcId: e.svc, BackendId: ids[e.backend], BackendAddr: xdp.AddrToNet(e.backend),
+			BackendPort: xdp.PortToNet(8080)}
+		if err := dp.Maps().Conntrack.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+		ak := xdp.NicAffinityKey{SvcId: e.svc, ClientAddr: xdp.AddrToNet(netip.AddrFrom4([4]byte{198, 51, 100, byte(e.port % 200)}))}
+		av := xdp.NicAffinityEntry{BackendId: ids[e.backend], BackendAddr: v.BackendAddr, BackendPort: v.BackendPort}
+		if err := dp.Maps().Affinity.Put(ak, av); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	after, _ := reconcile.New(dp, config(), nil) // the restarted agent's
+	if res := apply(t, after, web(a), other(shared)); len(res.Departed) != 0 {
+		t.Fatalf("the first Apply reported departures %+v: it has nothing to compare with", res.Departed)
+	}
+	n, err := reconcile.PurgeFlows(context.Background(), dp, reconcile.Stale{Sweep: true}, after.StillDeparted)
+	if err != nil || n != 1 {
+		t.Fatalf("swept %d flows (%v), want 1", n, err)
+	}
+	flows := map[uint16]bool{}
+	dp.Flows(func(f dataplane.Flow) bool { flows[f.Client.Port()] = true; return true })
+	for _, e := range entries {
+		if flows[e.port] == e.stale {
+			t.Errorf("flow from port %d (service port %d, %s): kept=%v, want %v", e.port, e.svc, e.backend, flows[e.port], !e.stale)
+		}
+		var av xdp.NicAffinityEntry
+		ak := xdp.NicAffinityKey{SvcId: e.svc, ClientAddr: xdp.AddrToNet(netip.AddrFrom4([4]byte{198, 51, 100, byte(e.port % 200)}))}
+		kept := dp.Maps().Affinity.Lookup(ak, &av) == nil
+		if kept == e.stale {
+			t.Errorf("affinity of service port %d to %s: kept=%v, want %v", e.svc, e.backend, kept, !e.stale)
+		}
+	}
+}
+
 func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 	dp := newDatapath(t)
 	gone := netip.MustParseAddr("10.244.1.10")
