@@ -1,0 +1,106 @@
+package loader
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+
+	"github.com/xdplb/xdplb/tests/testenv"
+)
+
+// The clsact fallback (kernels without tcx) attaches the TC programs as
+// named direct-action filters on the ingress and egress hooks, and
+// detachClsact removes exactly those, leaving other tools' filters.
+func TestClsactFallbackBothDirections(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	ns := testenv.NewNetns(t, "cls")
+	peer := testenv.NewNetns(t, "clsp")
+	testenv.Veth(t, ns, "c0", peer, "c1")
+
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+
+	// Filter names on each hook; runs in the namespace's thread, so
+	// failures are returned.
+	names := func(ifindex int, parent uint32) ([]string, error) {
+		filters, err := netlink.FilterList(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}, parent)
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok {
+				out = append(out, bf.Name)
+			}
+		}
+		slices.Sort(out)
+		return out, nil
+	}
+	err = ns.Do(func() error {
+		dev, err := netlink.LinkByName("c0")
+		if err != nil {
+			return err
+		}
+		ifindex := dev.Attrs().Index
+		for _, dir := range []tcDirection{tcIngress, tcEgress} {
+			if err := attachClsact(ifindex, prog, dir); err != nil {
+				return fmt.Errorf("attach %s: %w", dir.name, err)
+			}
+		}
+		// Another tool's filter on egress.
+		other := &netlink.BpfFilter{
+			FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: netlink.HANDLE_MIN_EGRESS,
+				Handle: 1, Protocol: 0x0003, Priority: 7},
+			Fd: prog.FD(), Name: "other_tool", DirectAction: true,
+		}
+		if err := netlink.FilterAdd(other); err != nil {
+			return err
+		}
+		in, err := names(ifindex, netlink.HANDLE_MIN_INGRESS)
+		if err != nil {
+			return err
+		}
+		out, err := names(ifindex, netlink.HANDLE_MIN_EGRESS)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(in, []string{clsactFilterName}) || !slices.Equal(out, []string{"other_tool", clsactEgressFilterName}) {
+			return fmt.Errorf("filters after attaching: ingress %v, egress %v", in, out)
+		}
+		// Attaching again replaces ours, adds none.
+		if err := attachClsact(ifindex, prog, tcEgress); err != nil {
+			return err
+		}
+		if out, err = names(ifindex, netlink.HANDLE_MIN_EGRESS); err != nil || len(out) != 2 {
+			return fmt.Errorf("egress filters after attaching again: %v (%v)", out, err)
+		}
+
+		if err := detachClsact(ifindex); err != nil {
+			return err
+		}
+		if in, err = names(ifindex, netlink.HANDLE_MIN_INGRESS); err != nil {
+			return err
+		}
+		if out, err = names(ifindex, netlink.HANDLE_MIN_EGRESS); err != nil {
+			return err
+		}
+		if len(in) != 0 || !slices.Equal(out, []string{"other_tool"}) {
+			return fmt.Errorf("filters after detaching: ingress %v, egress %v; want only the other tool's", in, out)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
