@@ -379,8 +379,11 @@ func lookupCommand() *cli.Command {
 			fmt.Fprintf(w, "verdict:  %s\n", l.Verdict)
 			if l.Backend != "" {
 				snat := ""
-				if l.SNAT {
+				switch {
+				case l.SNAT:
 					snat = " (SNAT to the node address)"
+				case l.Host:
+					snat = " (this node's own address: handed to its stack)"
 				}
 				fmt.Fprintf(w, "backend:  %s, id %d%s\n", l.Backend, l.BackendID, snat)
 			}

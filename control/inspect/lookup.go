@@ -29,6 +29,9 @@ type Lookup struct {
 	Slot      uint32 `json:"slot,omitempty"`
 	TableSize int    `json:"tableSize,omitempty"`
 	SNAT      bool   `json:"snat"`
+	// Host: the backend is at an address of this node (a hostNetwork
+	// pod here); the packets are handed to the node's stack.
+	Host bool `json:"host,omitempty"`
 	// Tracked is the conntrack entry of this tuple, if there is one.
 	Tracked *TrackedFlow `json:"tracked,omitempty"`
 }
@@ -91,6 +94,7 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 		out.Backend = out.Tracked.Backend
 		out.BackendID = fl.BackendID
 		out.SNAT = out.Tracked.NAT != ""
+		out.Host = bes[fl.BackendID].Host
 		out.Reason = "tracked flow: its packets follow the conntrack entry while the backend exists"
 		return out, nil
 	}
@@ -132,6 +136,7 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 			b := bes[id]
 			out.BackendID, out.Backend = id, b.String()
 			out.SNAT = fe.Flags&dataplane.FrontendSNATRemote != 0 && !b.Local
+			out.Host = b.Host
 			out.Reason = fmt.Sprintf("ClientIP affinity (%ds): the client's affinity entry, idle %ds, names this backend",
 				fe.AffinityTimeout, seconds(idle))
 			return out, nil
@@ -162,6 +167,7 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 	}
 	out.Backend = b.String()
 	out.SNAT = fe.Flags&dataplane.FrontendSNATRemote != 0 && !b.Local
+	out.Host = b.Host
 	return out, nil
 }
 

@@ -229,6 +229,10 @@ func TestHostNetworkBackend(t *testing.T) {
 	svc := shop(host)
 	s.write(svc)
 	s.startAgent()
+	if l := s.lookup("tcp", addr(topology.ClientAddr, 40999), addr(lbIP, 9000)); l.Verdict != "forward" ||
+		!l.Host || l.SNAT || l.Backend != addr(topology.EdgeAddr, topology.LinePort) {
+		t.Errorf("lookup: %+v, want forward to the node's own address, no SNAT", l)
+	}
 
 	for _, c := range []struct {
 		from   *netns.NS

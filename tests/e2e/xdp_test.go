@@ -38,6 +38,7 @@ type lookupResult struct {
 	Verdict string `json:"verdict"`
 	Backend string `json:"backend"`
 	SNAT    bool   `json:"snat"`
+	Host    bool   `json:"host"`
 }
 
 func (s *sandbox) lookup(proto, src, dst string) lookupResult {
