@@ -176,7 +176,9 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 		t.Fatal("a datapath just loaded trusts its spill marks")
 	}
 
-	// A live flow whose reverse half an older datapath spilled unmarked.
+	// A live flow whose reverse half an older datapath spilled unmarked,
+	// of the Service the agent programs (service port id 1, the first it
+	// gives): the first sync's sweep keeps it.
 	client := netip.MustParseAddrPort("198.51.100.7:40000")
 	frontend := netip.MustParseAddrPort("192.0.2.1:30080")
 	backend := netip.MustParseAddrPort("10.244.1.10:8080")
@@ -184,7 +186,7 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 	owner := xdp.NicCtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
 		Daddr: xdp.AddrToNet(frontend.Addr()), Dport: xdp.PortToNet(frontend.Port()), Proto: dataplane.TCP}
 	flags := uint8(xdp.NicCtFlagsCT_F_SNAT | xdp.NicCtFlagsCT_F_EXTERNAL)
-	if err := dp.Maps.Conntrack.Put(owner, xdp.NicCtEntry{LastSeenNs: uint64(dataplane.Now()),
+	if err := dp.Maps.Conntrack.Put(owner, xdp.NicCtEntry{LastSeenNs: uint64(dataplane.Now()), SvcId: 1,
 		BackendAddr: xdp.AddrToNet(backend.Addr()), BackendPort: xdp.PortToNet(backend.Port()),
 		NatAddr: xdp.AddrToNet(snat.Addr()), NatPort: xdp.PortToNet(snat.Port()), Flags: flags,
 		TcpState: uint8(xdp.NicCtTcpStateCT_TCP_SYN | xdp.NicCtTcpStateCT_TCP_ESTABLISHED)}); err != nil {
@@ -197,7 +199,9 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a, err := assemble(smallAgentConfig(opts), discard(), newMemorySource(), dp)
+	src := newMemorySource()
+	src.put(hintsService(backend.Addr().String()))
+	a, err := assemble(smallAgentConfig(opts), discard(), src, dp)
 	if err != nil {
 		t.Fatal(err)
 	}
