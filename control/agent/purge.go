@@ -108,11 +108,11 @@ func (p *flowPurger) run() {
 		n, err := p.purge(p.ctx, p.plane, batch)
 		switch {
 		case err != nil && p.ctx.Err() == nil:
-			p.log.Warn("purge flows of removed backends", "backends", len(batch.Removed),
-				"departures", len(batch.Departed), "error", err)
+			p.log.Warn("purge stale flows", "removed_backends", len(batch.Removed),
+				"departures", len(batch.Departed), "sweep", batch.Sweep, "error", err)
 		case n > 0:
-			p.log.Info("flows of removed backends purged", "backends", len(batch.Removed),
-				"departures", len(batch.Departed), "flows", n)
+			p.log.Info("stale flows purged", "removed_backends", len(batch.Removed),
+				"departures", len(batch.Departed), "sweep", batch.Sweep, "flows", n)
 		}
 	}
 }

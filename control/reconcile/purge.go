@@ -44,14 +44,17 @@ type departureKey struct{ svc, backend uint32 }
 // next packet (a TCP client gets a RST, a UDP flow picks a new backend);
 // the purge also covers flows that send nothing more, and flows of a
 // backend still in use by another port, which the datapath cannot tell
-// from live ones. A flow counts only if its backend id and address both
-// match, so flows of a new backend that reuses the id are left alone.
+// from live ones. A flow of a removed backend counts only if its backend
+// id and address both match, so flows of a new backend that reuses the
+// id are left alone; departures and sweeps are checked by address and
+// port against the records (still).
 //
 // still says whether a departure holds now (Reconciler.StillDeparted): a
 // purge runs after the Apply that reported it, and a backend that came
 // back meanwhile keeps what it got since. Affinity entries go first, so
 // no client is led back to a departed backend while its flows are being
-// purged. It returns the number of flows purged.
+// purged. It returns the number of flows purged (affinity entries deleted
+// are not counted).
 func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still func(Departure) bool) (int, error) {
 	if stale.Empty() {
 		return 0, nil
