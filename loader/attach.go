@@ -60,9 +60,9 @@ type Attachment struct {
 }
 
 // AttachNIC attaches the XDP program, the TC ingress program and the host
-// reply program (TC egress) to a NIC, through pinned links: an existing attachment from an earlier agent is
-// updated in place (no moment without a program), a new one is created
-// otherwise. The interface is added to the XDP redirect targets and its
+// reply program (TC egress) to a NIC, through pinned links: an existing
+// attachment from an earlier agent is updated in place (no moment without
+// a program), a new one is created otherwise. The interface is added to the XDP redirect targets and its
 // first IPv4 address becomes its SNAT source.
 func (d *Datapath) AttachNIC(ifname string, mode XDPMode) (Attachment, error) {
 	dev, err := netlink.LinkByName(ifname)
@@ -367,11 +367,8 @@ func (d *Datapath) DetachNIC(ifname string) error {
 	var errs []error
 	errs = append(errs, d.detachXDP(ifname))
 	for _, path := range []string{tcLinkPath(d.opts.PinRoot, ifname), tcEgressLinkPath(d.opts.PinRoot, ifname)} {
-		if l, err := link.LoadPinnedLink(path, nil); err == nil {
-			errs = append(errs, l.Unpin())
-			l.Close()
-		} else if !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
+		if _, err := os.Stat(path); err == nil {
+			errs = append(errs, unpinLink(path))
 		}
 	}
 	if dev, err := netlink.LinkByName(ifname); err == nil {

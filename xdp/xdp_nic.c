@@ -11,8 +11,9 @@
  * Replies from remote backends to a SNAT port are translated back here, and
  * so are ICMP errors about translated flows. A backend at an address of
  * this node gets its packets translated and passed to the stack; the
- * host_reply program translates the node's replies on their way out. Anything else is left untouched
- * for the stack (or the TC program behind), after one parse and one lookup.
+ * host_reply program translates the node's replies on their way out.
+ * Anything else is left untouched for the stack (or the TC program
+ * behind), after one parse and one lookup.
  */
 #include "include/common.h"
 #include "include/maps.h"
@@ -187,14 +188,14 @@ static __always_inline int serve_icmp(struct xdp_md *ctx, struct packet *pkt)
 	quote = icmp_error_quote(pkt);
 	if (!quote || icmp_error_lookup(pkt, quote, &rw))
 		return pass(STAT_PASS_ICMP, pkt->len);
-	if (rw.to_host) {
-		icmp_error_rewrite(pkt, quote, &rw);
-		count(STAT_ICMP_TRANSLATED, pkt->len);
-		return pass(STAT_PASS_TO_HOST, pkt->len);
-	}
-	fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, rw.daddr, &fib);
+	/* Routed as it arrived (the lookup reads the packet's own fields);
+	 * an error for this node's own backend is delivered, not routed. */
+	if (!rw.to_host)
+		fib_rc = fib_lookup_ipv4(ctx, ctx->ingress_ifindex, pkt, rw.daddr, &fib);
 	icmp_error_rewrite(pkt, quote, &rw);
 	count(STAT_ICMP_TRANSLATED, pkt->len);
+	if (rw.to_host)
+		return pass(STAT_PASS_TO_HOST, pkt->len);
 	return xdp_forward(ctx, pkt, &fib, fib_rc, NULL);
 }
 

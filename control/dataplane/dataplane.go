@@ -123,31 +123,37 @@ func (d *Dataplane) setPortBit(port uint16, on bool) error {
 	return nil
 }
 
-// SetHostBackendPorts makes the host backend port bitmap hold exactly
-// ports: those of the backends at an address of this node, whose replies
-// the host reply program looks for.
-func (d *Dataplane) SetHostBackendPorts(ports []uint16) error {
-	want := make([]uint64, 1024)
-	for _, p := range ports {
-		want[p/64] |= uint64(1) << (p % 64)
-	}
-	return writeBitmap(d.m.HostBackendPorts, want, "host backend port bitmap")
-}
+// portBitmap is a port bitmap as frontend_ports and host_backend_ports
+// hold it: one bit per port, 64 ports to a word.
+type portBitmap [65536 / 64]uint64
 
-// writeBitmap writes the words of a port bitmap that differ from want.
-func writeBitmap(m *ebpf.Map, want []uint64, what string) error {
-	for word := range want {
+func (b *portBitmap) add(port uint16) { b[port/64] |= uint64(1) << (port % 64) }
+
+// writeTo writes the words of m (a port bitmap map) that differ from b.
+func (b *portBitmap) writeTo(m *ebpf.Map, what string) error {
+	for word, want := range b {
 		var have uint64
 		if err := m.Lookup(uint32(word), &have); err != nil {
 			return fmt.Errorf("read %s: %w", what, err)
 		}
-		if have != want[word] {
-			if err := m.Put(uint32(word), want[word]); err != nil {
+		if have != want {
+			if err := m.Put(uint32(word), want); err != nil {
 				return fmt.Errorf("write %s: %w", what, err)
 			}
 		}
 	}
 	return nil
+}
+
+// SetHostBackendPorts makes the host backend port bitmap hold exactly
+// ports: those of the backends at an address of this node, whose replies
+// the host reply program looks for.
+func (d *Dataplane) SetHostBackendPorts(ports []uint16) error {
+	var want portBitmap
+	for _, p := range ports {
+		want.add(p)
+	}
+	return want.writeTo(d.m.HostBackendPorts, "host backend port bitmap")
 }
 
 // SyncFrontendPorts makes the port bitmap hold exactly the ports of the
@@ -158,11 +164,11 @@ func (d *Dataplane) SyncFrontendPorts() error {
 	if err != nil {
 		return err
 	}
-	want := make([]uint64, 1024)
+	var want portBitmap
 	for k := range fes {
-		want[k.Port/64] |= uint64(1) << (k.Port % 64)
+		want.add(k.Port)
 	}
-	return writeBitmap(d.m.FrontendPorts, want, "port bitmap")
+	return want.writeTo(d.m.FrontendPorts, "port bitmap")
 }
 
 // DeleteFrontend removes a frontend; a missing one is not an error.

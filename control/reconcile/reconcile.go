@@ -1619,8 +1619,7 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 	// Every endpoint is a backend, also those in no set (terminating, not
 	// ready, or left out by topology hints): their tracked flows keep
 	// working until the endpoint leaves its EndpointSlice.
-	outOfSets := hintedOut(svc)
-	rec.hintedOut = outOfSets
+	rec.hintedOut = hintedOut(svc)
 	for _, e := range svc.Endpoints {
 		ap := netip.AddrPortFrom(e.Addr, e.Port)
 		if _, ok := r.addrs[ap]; !ok {
@@ -1637,7 +1636,7 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 		// (unless as the fallback), and an affinity must not lead to it.
 		// So does one that topology hints leave out of the sets.
 		rec.backends = append(rec.backends, backend{dataplane.Backend{Addr: e.Addr, Port: e.Port, Local: e.Local,
-			Host: e.Host, Terminating: e.Terminating || !e.Serving || !e.Ready || outOfSets[ap]}})
+			Host: e.Host, Terminating: e.Terminating || !e.Serving || !e.Ready || rec.hintedOut[ap]}})
 	}
 	rec.backends = rec.backends.sorted()
 
