@@ -123,6 +123,8 @@ type NicDatapathConfig struct {
 	NetnsCookie             uint64
 	SnatSpillsMarked        uint32
 	IcmpIntervalNs          uint32
+	RouteByDestination      uint32
+	Pad                     uint32
 }
 
 type NicFlowScratchBuf struct {
@@ -215,6 +217,21 @@ type NicNatKey struct {
 	Dport uint16
 	Proto uint8
 	Pad   [3]uint8
+}
+
+type NicNewFlowRoute struct {
+	_        structs.HostLayout
+	RoutedNs uint64
+	Hop      struct {
+		_       structs.HostLayout
+		Ifindex uint32
+		Dmac    [6]uint8
+		Smac    [6]uint8
+	}
+	BackendAddr    uint32
+	IngressIfindex uint32
+	Tos            uint8
+	Pad            [7]uint8
 }
 
 type NicSnatBucketHand struct {
@@ -346,6 +363,7 @@ const (
 	NicMapIfaces           = "ifaces"
 	NicMapMaglevTables     = "maglev_tables"
 	NicMapNat              = "nat"
+	NicMapNewFlowRoutes    = "new_flow_routes"
 	NicMapSnatBackendHands = "snat_backend_hands"
 	NicMapSnatBucketHands  = "snat_bucket_hands"
 	NicMapSnatBucketHints  = "snat_bucket_hints"
@@ -423,6 +441,7 @@ type NicMapSpecs struct {
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
+	NewFlowRoutes    *ebpf.MapSpec `ebpf:"new_flow_routes"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
@@ -476,6 +495,7 @@ type NicMaps struct {
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
+	NewFlowRoutes    *ebpf.Map `ebpf:"new_flow_routes"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
@@ -504,6 +524,7 @@ func (m *NicMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.NewFlowRoutes,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
 		m.SnatBucketHints,

@@ -30,6 +30,7 @@ const (
 	NicIngressMapIfaces           = "ifaces"
 	NicIngressMapMaglevTables     = "maglev_tables"
 	NicIngressMapNat              = "nat"
+	NicIngressMapNewFlowRoutes    = "new_flow_routes"
 	NicIngressMapSnatBackendHands = "snat_backend_hands"
 	NicIngressMapSnatBucketHands  = "snat_bucket_hands"
 	NicIngressMapSnatBucketHints  = "snat_bucket_hints"
@@ -107,6 +108,7 @@ type NicIngressMapSpecs struct {
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
+	NewFlowRoutes    *ebpf.MapSpec `ebpf:"new_flow_routes"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
@@ -160,6 +162,7 @@ type NicIngressMaps struct {
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
+	NewFlowRoutes    *ebpf.Map `ebpf:"new_flow_routes"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
@@ -188,6 +191,7 @@ func (m *NicIngressMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.NewFlowRoutes,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
 		m.SnatBucketHints,

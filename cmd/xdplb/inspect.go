@@ -163,6 +163,11 @@ func statusCommand() *cli.Command {
 				icmp = fmt.Sprintf("one per %s and CPU after a burst of %d", d.ICMPErrorInterval, loader.ICMPErrorBurst)
 			}
 			fmt.Fprintf(w, "ICMP:      port unreachables the datapath sends: %s\n", icmp)
+			routes := "every new flow is routed by a FIB lookup"
+			if d.NewFlowRouteReuse {
+				routes = "new flows reuse their backend's route for up to a second (the agent found that the node routes by destination alone)"
+			}
+			fmt.Fprintf(w, "Routes:    %s\n", routes)
 			fmt.Fprintln(w)
 			tw := table(w)
 			fmt.Fprintln(tw, "INTERFACE\tHOOK\tMODE\tPROGRAM\tID\tBUILD")

@@ -71,6 +71,7 @@ type Agent struct {
 	// interfaces there were at the start.
 	spillCheckEvery time.Duration
 	spillChecks     atomic.Uint64 // checks run, for tests
+	routingChecks   atomic.Uint64 // checks of watchRouting run, for tests
 	podsListed      chan struct{}
 	podsListedOnce  sync.Once
 	lastTrigger     map[string]time.Time // service port key -> last-change-trigger-time observed
@@ -319,6 +320,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	mapUsers.Go(func() { a.watchAddresses(ctx) })
 	mapUsers.Go(func() { a.watchPods(ctx) })
 	mapUsers.Go(func() { a.trustSNATSpillMarks(ctx) })
+	mapUsers.Go(func() { a.watchRouting(ctx) })
 
 	a.loop(ctx, errc)
 	select {

@@ -136,7 +136,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	struct ct_entry *fresh = &res->fresh;
 	struct frontend *fe;
 	struct pick pick;
-	__u32 table_id;
+	__u32 table_id, egress = 0;
 	__u16 drop_flag, local_flag;
 	int snat, err;
 
@@ -206,18 +206,13 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	/* With the packet's length, so the route's MTU is checked: a packet
 	 * too big (or a GSO packet, from TC) caches no next hop, and the hook
 	 * routes it again, answering or measuring it by its segments. */
-	if (!(fresh->flags & CT_F_HOST) &&
-	    fib_lookup_ipv4(ctx, ifindex, pkt, fresh->backend_addr, &res->fib) ==
-		    BPF_FIB_LKUP_RET_SUCCESS) {
-		fresh->hop.ifindex = res->fib.ifindex;
-		__builtin_memcpy(fresh->hop.dmac, res->fib.dmac, ETH_ALEN);
-		__builtin_memcpy(fresh->hop.smac, res->fib.smac, ETH_ALEN);
-	}
+	if (!(fresh->flags & CT_F_HOST))
+		egress = route_new_flow(ctx, pkt, ifindex, fresh, &res->fib);
 
 	if (origin == ORIGIN_EXTERNAL) {
 		snat = (fe->flags & FE_SNAT_REMOTE) && !(pick.backend.flags & BE_LOCAL);
 		if (snat) {
-			fresh->nat_addr = iface_addr(res->fib.ifindex);
+			fresh->nat_addr = iface_addr(egress);
 			if (!fresh->nat_addr)
 				fresh->nat_addr = iface_addr(ifindex);
 		}

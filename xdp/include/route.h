@@ -6,7 +6,9 @@
 #ifndef XDPLB_ROUTE_H
 #define XDPLB_ROUTE_H
 
+#include "maps.h"
 #include "parse.h"
+#include "conntrack.h"
 
 /* Packets up to this size are not checked against the egress device's MTU
  * on the cached-hop paths: no link a node forwards IPv4 over is smaller. */
@@ -70,6 +72,93 @@ static __always_inline int fib_lookup_translated(void *ctx, __u32 ifindex, const
 static __always_inline int dont_fragment(const struct packet *pkt)
 {
 	return pkt->frag_off & IP_DF;
+}
+
+/* ---- the route of a new flow ------------------------------------------
+ *
+ * A FIB lookup is the largest cost of a new flow after its conntrack
+ * insert. While the node routes by destination alone
+ * (datapath_config.route_by_destination, which the agent keeps up to
+ * date), a new flow takes the next hop that a new flow to the same backend
+ * address, arriving on the same interface with the same TOS, found less
+ * than a second ago on this CPU, and looks up only when there is none. The
+ * flow's own entry caches that hop as if it had looked it up, so a route
+ * or neighbour change reaches every flow within two seconds. Packets above
+ * MTU_CHECK_MIN are always looked up: the lookup checks them against the
+ * route's MTU.
+ *
+ * One entry per backend id modulo NEW_FLOW_ROUTES, per CPU: backends that
+ * share an entry take turns, each turn a FIB lookup as before.
+ */
+#define NEW_FLOW_ROUTES 1024
+
+struct new_flow_route {
+	__u64 routed_ns;      /* when the FIB lookup ran (coarse clock) */
+	struct next_hop hop;  /* its result */
+	__be32 backend_addr;  /* the destination looked up */
+	__u32 ingress_ifindex;
+	__u8 tos;
+	__u8 pad[7];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NEW_FLOW_ROUTES);
+	__type(key, __u32);
+	__type(value, struct new_flow_route);
+	__uint(pinning, PIN); /* one map for every hook */
+} new_flow_routes SEC(".maps");
+
+static __always_inline int new_flow_route_fits(const struct new_flow_route *route,
+					       __u32 ifindex, const struct packet *pkt,
+					       __be32 daddr, __u64 now)
+{
+	return route->hop.ifindex && route->backend_addr == daddr &&
+	       route->ingress_ifindex == ifindex && route->tos == pkt->tos &&
+	       now - route->routed_ns < NSEC_PER_SEC;
+}
+
+/*
+ * Route a new flow's first packet to its backend (fresh->backend_id at
+ * fresh->backend_addr), as if it had arrived on ifindex: fresh->hop gets
+ * the next hop, or stays empty when there is none to cache (the hook then
+ * routes the packet itself and handles what the lookup said). fib holds
+ * the lookup, if one ran. Returns the egress device, as far as known (the
+ * FIB lookup names it even when the neighbour is not resolved yet), for
+ * the SNAT source address.
+ *
+ * A function of its own (not inlined): the verifier then checks its
+ * branches once per call, not once for every path through what follows.
+ */
+static __noinline __u32 route_new_flow(void *ctx, const struct packet *pkt, __u32 ifindex,
+				       struct ct_entry *fresh, struct bpf_fib_lookup *fib)
+{
+	struct datapath_config *cfg = config_get();
+	struct new_flow_route *route = NULL;
+	__u32 slot = fresh->backend_id % NEW_FLOW_ROUTES;
+	__be32 daddr = fresh->backend_addr;
+	__u64 now = fresh->created_ns;
+
+	if (cfg && cfg->route_by_destination && pkt->tot_len <= MTU_CHECK_MIN) {
+		route = bpf_map_lookup_elem(&new_flow_routes, &slot);
+		if (route && new_flow_route_fits(route, ifindex, pkt, daddr, now)) {
+			fresh->hop = route->hop;
+			return fresh->hop.ifindex;
+		}
+	}
+	if (fib_lookup_ipv4(ctx, ifindex, pkt, daddr, fib) != BPF_FIB_LKUP_RET_SUCCESS)
+		return fib->ifindex;
+	fresh->hop.ifindex = fib->ifindex;
+	__builtin_memcpy(fresh->hop.dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(fresh->hop.smac, fib->smac, ETH_ALEN);
+	if (route) {
+		route->routed_ns = now;
+		route->hop = fresh->hop;
+		route->backend_addr = daddr;
+		route->ingress_ifindex = ifindex;
+		route->tos = pkt->tos;
+	}
+	return fresh->hop.ifindex;
 }
 
 static __always_inline __be32 iface_addr(__u32 ifindex)
