@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
@@ -30,8 +32,23 @@ func ctKey(i uint32) xdp.NicCtKey {
 
 // fillConntrack puts n flows into m in random order, flow i last seen at
 // i seconds; with batch, n must be a multiple of 4096.
+//
+// It runs on one CPU: an LRU map gives each CPU that inserts a share of its
+// free entries, so inserts from two CPUs find a map of exactly n entries
+// full up to 128 entries early (when the thread moves between CPUs).
 func fillConntrack(tb testing.TB, m *ebpf.Map, n uint32, batch bool) {
 	tb.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var all, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		tb.Fatal(err)
+	}
+	one.Set(0)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		tb.Fatal(err)
+	}
+	defer unix.SchedSetaffinity(0, &all)
 	order := rand.New(rand.NewPCG(1, 2)).Perm(int(n))
 	if !batch {
 		for _, i := range order {
