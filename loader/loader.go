@@ -40,12 +40,14 @@ type Maps struct {
 	SvcStats         *ebpf.Map
 	SvcNames         *ebpf.Map
 	AgentState       *ebpf.Map
+	RouteReuse       *ebpf.Map
 }
 
 // byName maps the C names of the maps to their handles.
 func (m *Maps) byName() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
 		"config":             &m.Config,
+		"route_reuse":        &m.RouteReuse,
 		"ifaces":             &m.Ifaces,
 		"tx_ports":           &m.TxPorts,
 		"frontend_ports":     &m.FrontendPorts,

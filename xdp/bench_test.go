@@ -53,6 +53,11 @@ func newBenchEnv(b *testing.B, conntrackMax, frontendsMax uint32) *benchEnv {
 		b.Fatalf("load baseline programs: %v", err)
 	}
 	b.Cleanup(func() { objs.Close() })
+	// The fixture routes by destination alone: an agent would let new
+	// flows reuse their backend's route.
+	if err := f.maps.AllowRouteReuse(dataplane.Now() + 24*time.Hour); err != nil {
+		b.Fatal(err)
+	}
 	// Baselines run on a packet for no service (the MAC swap parses it
 	// as TCP all the same).
 	nonService := tcpFrame(clientAddr, 1234, nodeAddr, 22, packet.ACK, "").Bytes()

@@ -31,6 +31,7 @@ const (
 	HostReplyMapMaglevTables     = "maglev_tables"
 	HostReplyMapNat              = "nat"
 	HostReplyMapNewFlowRoutes    = "new_flow_routes"
+	HostReplyMapRouteReuse       = "route_reuse"
 	HostReplyMapSnatBackendHands = "snat_backend_hands"
 	HostReplyMapSnatBucketHands  = "snat_bucket_hands"
 	HostReplyMapSnatBucketHints  = "snat_bucket_hints"
@@ -109,6 +110,7 @@ type HostReplyMapSpecs struct {
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
 	NewFlowRoutes    *ebpf.MapSpec `ebpf:"new_flow_routes"`
+	RouteReuse       *ebpf.MapSpec `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
@@ -163,6 +165,7 @@ type HostReplyMaps struct {
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
 	NewFlowRoutes    *ebpf.Map `ebpf:"new_flow_routes"`
+	RouteReuse       *ebpf.Map `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
@@ -192,6 +195,7 @@ func (m *HostReplyMaps) Close() error {
 		m.MaglevTables,
 		m.Nat,
 		m.NewFlowRoutes,
+		m.RouteReuse,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
 		m.SnatBucketHints,

@@ -123,8 +123,6 @@ type NicDatapathConfig struct {
 	NetnsCookie             uint64
 	SnatSpillsMarked        uint32
 	IcmpIntervalNs          uint32
-	RouteByDestination      uint32
-	Pad                     uint32
 }
 
 type NicFlowScratchBuf struct {
@@ -230,8 +228,13 @@ type NicNewFlowRoute struct {
 	}
 	BackendAddr    uint32
 	IngressIfindex uint32
-	Tos            uint8
+	Dscp           uint8
 	Pad            [7]uint8
+}
+
+type NicRouteReuseLease struct {
+	_       structs.HostLayout
+	UntilNs uint64
 }
 
 type NicSnatBucketHand struct {
@@ -364,6 +367,7 @@ const (
 	NicMapMaglevTables     = "maglev_tables"
 	NicMapNat              = "nat"
 	NicMapNewFlowRoutes    = "new_flow_routes"
+	NicMapRouteReuse       = "route_reuse"
 	NicMapSnatBackendHands = "snat_backend_hands"
 	NicMapSnatBucketHands  = "snat_bucket_hands"
 	NicMapSnatBucketHints  = "snat_bucket_hints"
@@ -442,6 +446,7 @@ type NicMapSpecs struct {
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
 	NewFlowRoutes    *ebpf.MapSpec `ebpf:"new_flow_routes"`
+	RouteReuse       *ebpf.MapSpec `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
@@ -496,6 +501,7 @@ type NicMaps struct {
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
 	NewFlowRoutes    *ebpf.Map `ebpf:"new_flow_routes"`
+	RouteReuse       *ebpf.Map `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
@@ -525,6 +531,7 @@ func (m *NicMaps) Close() error {
 		m.MaglevTables,
 		m.Nat,
 		m.NewFlowRoutes,
+		m.RouteReuse,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
 		m.SnatBucketHints,

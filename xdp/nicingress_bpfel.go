@@ -31,6 +31,7 @@ const (
 	NicIngressMapMaglevTables     = "maglev_tables"
 	NicIngressMapNat              = "nat"
 	NicIngressMapNewFlowRoutes    = "new_flow_routes"
+	NicIngressMapRouteReuse       = "route_reuse"
 	NicIngressMapSnatBackendHands = "snat_backend_hands"
 	NicIngressMapSnatBucketHands  = "snat_bucket_hands"
 	NicIngressMapSnatBucketHints  = "snat_bucket_hints"
@@ -109,6 +110,7 @@ type NicIngressMapSpecs struct {
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
 	NewFlowRoutes    *ebpf.MapSpec `ebpf:"new_flow_routes"`
+	RouteReuse       *ebpf.MapSpec `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
@@ -163,6 +165,7 @@ type NicIngressMaps struct {
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
 	NewFlowRoutes    *ebpf.Map `ebpf:"new_flow_routes"`
+	RouteReuse       *ebpf.Map `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
@@ -192,6 +195,7 @@ func (m *NicIngressMaps) Close() error {
 		m.MaglevTables,
 		m.Nat,
 		m.NewFlowRoutes,
+		m.RouteReuse,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
 		m.SnatBucketHints,

@@ -3,6 +3,7 @@ package xdp_test
 import (
 	"bytes"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -13,32 +14,43 @@ import (
 	"github.com/xdplb/xdplb/tests/packet"
 )
 
-// While the node routes by destination alone, a new flow takes the next
-// hop a new flow to the same backend found less than a second ago, on the
-// same interface with the same TOS; anything else, and every new flow
-// while the switch is off, is routed by a FIB lookup of its own. The test
-// tells the two apart by changing the gateway's MAC between two flows: a
-// reused route still has the old one.
+// While the agent's lease runs (the node routes by destination alone), a
+// new flow takes the next hop a new flow to the same backend address found
+// less than a second ago, on the same interface with the same DSCP;
+// anything else, and every new flow without a lease, is routed by a FIB
+// lookup of its own. The test tells the two apart by changing the
+// gateway's MAC between two flows: a reused route still has the old one.
 func TestNewFlowsReuseTheirBackendsRoute(t *testing.T) {
 	newGwMAC := net.HardwareAddr{0x02, 0x6a, 0, 0, 0, 0x99}
+	leased := dataplane.Now() + time.Hour
+	same := func(f *fixture, _ *packet.Frame) int { return f.nic0 }
 	cases := []struct {
 		name   string
-		on     bool
+		lease  time.Duration
 		second func(f *fixture, fr *packet.Frame) int // changes the second flow, returns its interface
 		reused bool
+		dst    netip.Addr // of the second flow; remotePod2 if not set
 	}{
-		{"same backend, interface and TOS", true, func(f *fixture, _ *packet.Frame) int { return f.nic0 }, true},
-		{"switch off", false, func(f *fixture, _ *packet.Frame) int { return f.nic0 }, false},
-		{"other TOS", true, func(f *fixture, fr *packet.Frame) int { fr.TOS = 0x10; return f.nic0 }, false},
-		{"other interface", true, func(f *fixture, _ *packet.Frame) int { return f.nic1 }, false},
-		{"packet above 1280 bytes", true, func(f *fixture, fr *packet.Frame) int {
+		{"same backend, interface and DSCP", leased, same, true, netip.Addr{}},
+		{"ECN bits differ", leased, func(f *fixture, fr *packet.Frame) int { fr.TOS = 0x01; return f.nic0 }, true, netip.Addr{}},
+		{"no lease", 0, same, false, netip.Addr{}},
+		{"lease ran out", dataplane.Now() - time.Second, same, false, netip.Addr{}},
+		{"other DSCP", leased, func(f *fixture, fr *packet.Frame) int { fr.TOS = 0x10; return f.nic0 }, false, netip.Addr{}},
+		{"other interface", leased, func(f *fixture, _ *packet.Frame) int { return f.nic1 }, false, netip.Addr{}},
+		{"packet above 1280 bytes", leased, func(f *fixture, fr *packet.Frame) int {
 			fr.Payload = []byte(strings.Repeat("x", 1300))
 			return f.nic0
-		}, false},
-		{"route older than a second", true, func(f *fixture, _ *packet.Frame) int {
+		}, false, netip.Addr{}},
+		{"route older than a second", leased, func(f *fixture, _ *packet.Frame) int {
 			time.Sleep(1100 * time.Millisecond)
 			return f.nic0
-		}, false},
+		}, false, netip.Addr{}},
+		{"backend id now at another address", leased, func(f *fixture, _ *packet.Frame) int {
+			if err := f.maps.PutBackend(2, backendRemote1); err != nil {
+				f.t.Fatal(err)
+			}
+			return f.nic0
+		}, false, remotePod1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,40 +62,17 @@ func TestNewFlowsReuseTheirBackendsRoute(t *testing.T) {
 				backends:  map[uint32]dataplane.Backend{2: backendRemote2},
 				table:     []uint32{2},
 			})
-			if _, err := f.maps.SetRouteByDestination(tc.on); err != nil {
+			if err := f.maps.AllowRouteReuse(tc.lease); err != nil {
 				t.Fatal(err)
 			}
 
 			// The routes are per CPU: both flows run on one.
-			var first, second result
-			var ifindex int
-			fr := tcpFrame(clientAddr, 20002, nodeAddr, nodePort, packet.SYN, "")
 			before := f.counters()["new_flow"]
-			err := f.ns.Do(func() error {
-				var all, one unix.CPUSet
-				if err := unix.SchedGetaffinity(0, &all); err != nil {
-					return err
-				}
-				one.Set(0)
-				if err := unix.SchedSetaffinity(0, &one); err != nil {
-					return err
-				}
-				defer unix.SchedSetaffinity(0, &all)
-				var err error
-				first, err = runXDP(f.prog, tcpFrame(clientAddr, 20001, nodeAddr, nodePort, packet.SYN, "").Bytes(), f.nic0)
-				if err != nil {
-					return err
-				}
-				if _, err := f.ns.NS.IP("neigh", "replace", "10.1.0.2", "lladdr", newGwMAC.String(), "dev", "nic1", "nud", "permanent"); err != nil {
-					return err
-				}
-				ifindex = tc.second(f, &fr)
-				second, err = runXDP(f.prog, fr.Bytes(), ifindex)
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			first := f.runOnOneCPU(tcpFrame(clientAddr, 20001, nodeAddr, nodePort, packet.SYN, "").Bytes(), f.nic0)
+			f.ns.IP("neigh", "replace", "10.1.0.2", "lladdr", newGwMAC.String(), "dev", "nic1", "nud", "permanent")
+			fr := tcpFrame(clientAddr, 20002, nodeAddr, nodePort, packet.SYN, "")
+			ifindex := tc.second(f, &fr)
+			second := f.runOnOneCPU(fr.Bytes(), ifindex)
 			f.expectVerdict(first, xdpRedirect)
 			if out := decode(t, first.out); !bytes.Equal(out.DstMAC, gwMAC) {
 				t.Fatalf("first flow sent to %s, want the gateway %s", out.DstMAC, gwMAC)
@@ -99,9 +88,43 @@ func TestNewFlowsReuseTheirBackendsRoute(t *testing.T) {
 			if !bytes.Equal(out.DstMAC, want) {
 				t.Errorf("second flow sent to %s, want %s (route reused: %v)", out.DstMAC, want, tc.reused)
 			}
-			if out.Dst != remotePod2 || out.Src != nic1Addr {
-				t.Errorf("second flow translated to %s -> %s, want %s -> %s", out.Src, out.Dst, nic1Addr, remotePod2)
+			dst := remotePod2
+			if tc.dst.IsValid() {
+				dst = tc.dst
+			}
+			if out.Dst != dst || out.Src != nic1Addr {
+				t.Errorf("second flow translated to %s -> %s, want %s -> %s", out.Src, out.Dst, nic1Addr, dst)
 			}
 		})
 	}
+}
+
+// runOnOneCPU is run on the lowest CPU the test may use, for state the
+// datapath keeps per CPU.
+func (f *fixture) runOnOneCPU(frame []byte, ifindex int) result {
+	f.t.Helper()
+	var res result
+	err := f.ns.Do(func() error {
+		var all, one unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &all); err != nil {
+			return err
+		}
+		for cpu := 0; ; cpu++ {
+			if all.IsSet(cpu) {
+				one.Set(cpu)
+				break
+			}
+		}
+		if err := unix.SchedSetaffinity(0, &one); err != nil {
+			return err
+		}
+		defer unix.SchedSetaffinity(0, &all)
+		var err error
+		res, err = runXDP(f.prog, frame, ifindex)
+		return err
+	})
+	if err != nil {
+		f.t.Fatalf("run XDP program: %v", err)
+	}
+	return res
 }

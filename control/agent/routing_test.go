@@ -8,7 +8,6 @@ import (
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/tests/testenv"
-	"github.com/xdplb/xdplb/xdp"
 )
 
 // routingNetns is a namespace with one device, 10.1.0.1/24 on eth0 (a
@@ -26,7 +25,7 @@ func routingNetns(t *testing.T) *testenv.Netns {
 func TestRoutingByDestination(t *testing.T) {
 	cases := []struct {
 		name  string
-		setup [][]string // ip commands
+		setup [][]string // ip commands; {"sysctl", key, value} sets a sysctl
 		want  bool
 		why   string // part of the reason, when not
 	}{
@@ -44,11 +43,22 @@ func TestRoutingByDestination(t *testing.T) {
 		{"multipath route", [][]string{
 			{"route", "add", "10.4.0.0/16", "nexthop", "via", "10.1.0.2", "nexthop", "via", "10.1.0.3"},
 		}, false, "10.4.0.0/16"},
+		{"route to a nexthop group", [][]string{
+			{"nexthop", "add", "id", "1", "via", "10.1.0.2", "dev", "eth0"},
+			{"nexthop", "add", "id", "2", "via", "10.1.0.3", "dev", "eth0"},
+			{"nexthop", "add", "id", "10", "group", "1/2"},
+			{"route", "add", "10.5.0.0/16", "nhid", "10"},
+		}, false, "10.5.0.0/16"},
+		{"nexthop groups hidden", [][]string{{"sysctl", "net.ipv4.nexthop_compat_mode", "0"}}, false, "nexthop_compat_mode"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := routingNetns(t)
 			for _, args := range tc.setup {
+				if args[0] == "sysctl" {
+					ns.Sysctl(args[1], args[2])
+					continue
+				}
 				ns.IP(args...)
 			}
 			var ok bool
@@ -67,8 +77,9 @@ func TestRoutingByDestination(t *testing.T) {
 	}
 }
 
-// The agent switches the datapath's route reuse on and off as the node's
-// routing changes, told by the kernel (well within the periodic check).
+// The agent lets the datapath reuse routes, or stops it, as the node's
+// routing changes, told by the kernel (well within the periodic check),
+// and stops it when its watch ends.
 func TestRoutingWatchFollowsChanges(t *testing.T) {
 	_, dp := loadSmallDatapath(t)
 	defer dp.Close()
@@ -88,15 +99,15 @@ func TestRoutingWatchFollowsChanges(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(routingCheckEvery / 3)
 		for {
-			var cfg xdp.NicDatapathConfig
-			if err := dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
+			got, err := a.plane.RouteReuseAllowed()
+			if err != nil {
 				t.Fatal(err)
 			}
-			if (cfg.RouteByDestination != 0) == want {
+			if got == want {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("route_by_destination = %d %s, want %v", cfg.RouteByDestination, after, want)
+				t.Fatalf("route reuse allowed = %v %s, want %v", got, after, want)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sync"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -37,9 +36,6 @@ func ProtoName(p uint8) string {
 // Dataplane wraps the datapath maps.
 type Dataplane struct {
 	m *loader.Maps
-	// configMu orders read-modify-writes of the datapath config (the
-	// agent changes single fields of it from more than one goroutine).
-	configMu sync.Mutex
 }
 
 // New wraps maps opened by the loader (loader.Load or loader.OpenPinned).

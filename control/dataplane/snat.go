@@ -128,8 +128,6 @@ func (d *Dataplane) ReleaseSNATHints(backends map[uint32]Backend, extra []netip.
 // check or reply (once a second while it has traffic), so a later call
 // succeeds once every such flow has had a packet or ended.
 func (d *Dataplane) TrustSNATSpillMarks() (trusted bool, deleted int, err error) {
-	d.configMu.Lock()
-	defer d.configMu.Unlock()
 	var cfg xdp.NicDatapathConfig
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
 		return false, 0, fmt.Errorf("read datapath config: %w", err)

@@ -83,9 +83,9 @@ type Settings struct {
 	// ICMPErrorInterval is the spacing of the ICMP port unreachables the
 	// datapath builds, per CPU after a burst ("none": not limited).
 	ICMPErrorInterval string `json:"icmpErrorInterval"`
-	// NewFlowRouteReuse: the running agent found that the node routes by
-	// destination alone, so new flows reuse their backend's route (an
-	// agent that stops turns it off).
+	// NewFlowRouteReuse: an agent found that the node routes by
+	// destination alone, so new flows reuse their backend's route (its
+	// lease runs out when no agent renews it).
 	NewFlowRouteReuse bool `json:"newFlowRouteReuse"`
 }
 
@@ -141,7 +141,9 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 		TCPTransientTimeout:   time.Duration(cfg.TcpTransientTimeoutNs).String(),
 		UDPTimeout:            time.Duration(cfg.UdpTimeoutNs).String(),
 		ICMPErrorInterval:     "none",
-		NewFlowRouteReuse:     cfg.RouteByDestination != 0,
+	}
+	if st.Datapath.NewFlowRouteReuse, err = dp.RouteReuseAllowed(); err != nil {
+		return st, err
 	}
 	if cfg.IcmpIntervalNs != 0 {
 		st.Datapath.ICMPErrorInterval = time.Duration(cfg.IcmpIntervalNs).String()

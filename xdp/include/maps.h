@@ -41,12 +41,6 @@ struct datapath_config {
 	 * this far apart per CPU, after a burst of ICMP_ERROR_BURST; 0: no
 	 * limit. See icmp_limit.h. */
 	__u32 icmp_interval_ns;
-	/* Non-zero while the agent finds that this node routes by
-	 * destination alone: no policy routing rules beyond the default
-	 * ones and no multipath routes. New flows may then reuse the route
-	 * another new flow to their backend found (route.h). */
-	__u32 route_by_destination;
-	__u32 pad;
 };
 
 /* Per-interface facts: the address used as SNAT source for packets that

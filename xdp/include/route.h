@@ -8,7 +8,6 @@
 
 #include "maps.h"
 #include "parse.h"
-#include "conntrack.h"
 
 /* Packets up to this size are not checked against the egress device's MTU
  * on the cached-hop paths: no link a node forwards IPv4 over is smaller. */
@@ -77,29 +76,48 @@ static __always_inline int dont_fragment(const struct packet *pkt)
 /* ---- the route of a new flow ------------------------------------------
  *
  * A FIB lookup is the largest cost of a new flow after its conntrack
- * insert. While the node routes by destination alone
- * (datapath_config.route_by_destination, which the agent keeps up to
- * date), a new flow takes the next hop that a new flow to the same backend
- * address, arriving on the same interface with the same TOS, found less
- * than a second ago on this CPU, and looks up only when there is none. The
- * flow's own entry caches that hop as if it had looked it up, so a route
- * or neighbour change reaches every flow within two seconds. Packets above
+ * insert. While the node routes by destination alone, a new flow takes
+ * the next hop that a new flow to the same backend address, arriving on
+ * the same interface with the same DSCP, found less than a second ago on
+ * this CPU, and looks up only when there is none. The flow's own entry
+ * caches that hop as if it had looked it up, so a route or neighbour
+ * change reaches every flow within two seconds. Packets above
  * MTU_CHECK_MIN are always looked up: the lookup checks them against the
  * route's MTU.
+ *
+ * The agent watches the node's routing and, while it depends on the
+ * destination alone, renews a lease in route_reuse; an agent that dies
+ * without ending it lets it run out.
  *
  * One entry per backend id modulo NEW_FLOW_ROUTES, per CPU: backends that
  * share an entry take turns, each turn a FIB lookup as before.
  */
 #define NEW_FLOW_ROUTES 1024
 
+/* The bits of the TOS byte a route lookup uses (the DSCP; not ECN). */
+#define TOS_DSCP_MASK 0xfc
+
 struct new_flow_route {
 	__u64 routed_ns;      /* when the FIB lookup ran (coarse clock) */
 	struct next_hop hop;  /* its result */
 	__be32 backend_addr;  /* the destination looked up */
 	__u32 ingress_ifindex;
-	__u8 tos;
+	__u8 dscp;            /* TOS & TOS_DSCP_MASK */
 	__u8 pad[7];
 };
+
+/* Until when new flows may reuse routes: the agent's lease. */
+struct route_reuse_lease {
+	__u64 until_ns; /* CLOCK_MONOTONIC; 0 or past: every new flow looks up */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct route_reuse_lease);
+	__uint(pinning, PIN);
+} route_reuse SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -114,7 +132,7 @@ static __always_inline int new_flow_route_fits(const struct new_flow_route *rout
 					       __be32 daddr, __u64 now)
 {
 	return route->hop.ifindex && route->backend_addr == daddr &&
-	       route->ingress_ifindex == ifindex && route->tos == pkt->tos &&
+	       route->ingress_ifindex == ifindex && route->dscp == (pkt->tos & TOS_DSCP_MASK) &&
 	       now - route->routed_ns < NSEC_PER_SEC;
 }
 
@@ -133,13 +151,13 @@ static __always_inline int new_flow_route_fits(const struct new_flow_route *rout
 static __noinline __u32 route_new_flow(void *ctx, const struct packet *pkt, __u32 ifindex,
 				       struct ct_entry *fresh, struct bpf_fib_lookup *fib)
 {
-	struct datapath_config *cfg = config_get();
 	struct new_flow_route *route = NULL;
-	__u32 slot = fresh->backend_id % NEW_FLOW_ROUTES;
+	__u32 slot = fresh->backend_id % NEW_FLOW_ROUTES, zero = 0;
 	__be32 daddr = fresh->backend_addr;
 	__u64 now = fresh->created_ns;
+	struct route_reuse_lease *reuse = bpf_map_lookup_elem(&route_reuse, &zero);
 
-	if (cfg && cfg->route_by_destination && pkt->tot_len <= MTU_CHECK_MIN) {
+	if (reuse && now < reuse->until_ns && pkt->tot_len <= MTU_CHECK_MIN) {
 		route = bpf_map_lookup_elem(&new_flow_routes, &slot);
 		if (route && new_flow_route_fits(route, ifindex, pkt, daddr, now)) {
 			fresh->hop = route->hop;
@@ -156,7 +174,7 @@ static __noinline __u32 route_new_flow(void *ctx, const struct packet *pkt, __u3
 		route->hop = fresh->hop;
 		route->backend_addr = daddr;
 		route->ingress_ifindex = ifindex;
-		route->tos = pkt->tos;
+		route->dscp = pkt->tos & TOS_DSCP_MASK;
 	}
 	return fresh->hop.ifindex;
 }

@@ -1,0 +1,31 @@
+package dataplane
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/xdplb/xdplb/xdp"
+)
+
+// AllowRouteReuse lets new flows reuse the route a new flow to the same
+// backend found less than a second ago (xdp/include/route.h) until the
+// datapath's clock (Now) reads until; 0 stops it at once. Only for a node
+// that routes by destination alone: the agent checks and renews it.
+func (d *Dataplane) AllowRouteReuse(until time.Duration) error {
+	if until < 0 {
+		until = 0
+	}
+	if err := d.m.RouteReuse.Put(uint32(0), xdp.NicRouteReuseLease{UntilNs: uint64(until)}); err != nil {
+		return fmt.Errorf("write route reuse lease: %w", err)
+	}
+	return nil
+}
+
+// RouteReuseAllowed reports whether new flows reuse routes now.
+func (d *Dataplane) RouteReuseAllowed() (bool, error) {
+	var lease xdp.NicRouteReuseLease
+	if err := d.m.RouteReuse.Lookup(uint32(0), &lease); err != nil {
+		return false, fmt.Errorf("read route reuse lease: %w", err)
+	}
+	return time.Duration(lease.UntilNs) > Now(), nil
+}
