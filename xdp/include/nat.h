@@ -493,12 +493,12 @@ static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
  * the nat map, where the port may still be free for this backend. Under
  * the slot's lock, so a reply tuple is never held twice.
  */
-static __always_inline enum snat_try snat_try_port(const struct nat_key *key,
+static __always_inline enum snat_try snat_try_port(int bucket, const struct nat_key *key,
 						   const struct nat_entry *entry,
 						   const struct datapath_config *cfg, __u64 now,
 						   enum snat_way way)
 {
-	struct snat_slot *slot = snat_slot_of(key, cfg); /* the claim gave it a bucket */
+	struct snat_slot *slot = snat_slot_in(bucket, key, cfg);
 	enum snat_try tried;
 	__u32 generation;
 
@@ -564,7 +564,7 @@ static long snat_claim_try(__u32 i, void *ctx)
 		}
 		offset = __sync_fetch_and_add(&bucket->next, 1) % c->range;
 		c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
-		tried = snat_try_port(c->key, c->entry, c->cfg, c->now, SNAT_BY_BUCKET);
+		tried = snat_try_port(c->bucket, c->key, c->entry, c->cfg, c->now, SNAT_BY_BUCKET);
 		/* The bucket is busy when its hand comes round to other
 		 * backends' live flows: they share it. The backend's own live
 		 * flows (long-lived ones) are passed over, and so is a port
@@ -588,7 +588,7 @@ static long snat_claim_try(__u32 i, void *ctx)
 		way = SNAT_AT_RANDOM;
 	}
 	c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
-	return snat_claim_done(c, snat_try_port(c->key, c->entry, c->cfg, c->now, way));
+	return snat_claim_done(c, snat_try_port(c->bucket, c->key, c->entry, c->cfg, c->now, way));
 }
 
 /*
