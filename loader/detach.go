@@ -62,6 +62,9 @@ func OpenPinned(pinRoot string) (*Maps, error) {
 	for name, handle := range m.byName() {
 		path := filepath.Join(mapsDir(pinRoot), name)
 		mp, err := loadPinnedMap(path)
+		if errors.Is(err, os.ErrNotExist) && optionalMaps[name] {
+			continue
+		}
 		if err != nil {
 			m.Close()
 			if errors.Is(err, os.ErrNotExist) {

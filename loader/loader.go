@@ -43,6 +43,13 @@ type Maps struct {
 	RouteReuse       *ebpf.Map
 }
 
+// newFlowRoutes is the pinned map of routes new flows reuse (a cache).
+const newFlowRoutes = "new_flow_routes"
+
+// optionalMaps are maps OpenPinned may find missing: a datapath pinned by
+// an earlier version, before they existed, is still inspected.
+var optionalMaps = map[string]bool{"route_reuse": true}
+
 // byName maps the C names of the maps to their handles.
 func (m *Maps) byName() map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
@@ -131,6 +138,12 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("create pin directory: %w", err)
 		}
+	}
+
+	// new_flow_routes caches routes at most a second old: it starts empty
+	// at every load, whatever an earlier version pinned there.
+	if err := os.Remove(filepath.Join(mapsDir(opts.PinRoot), newFlowRoutes)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("unpin the new-flow route cache: %w", err)
 	}
 
 	nicSpec, err := xdp.LoadNic()

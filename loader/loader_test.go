@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
+	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
@@ -112,6 +113,70 @@ func TestLoadUnpinsRetiredMaps(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(loader.Dir(root), "maps", "conntrack")); err != nil {
 		t.Fatalf("conntrack no longer pinned: %v", err)
+	}
+}
+
+// The route cache of new flows starts empty at every load, even when an
+// earlier version pinned one of the same size with another layout.
+func TestLoadStartsTheRouteCacheAfresh(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts := smallOptions(root)
+	path := filepath.Join(loader.Dir(root), "maps", "new_flow_routes")
+	pinnedID := func() ebpf.MapID {
+		t.Helper()
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := info.ID()
+		return id
+	}
+	for range 2 {
+		dp, err := loader.Load(opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dp.Close()
+	}
+	first := pinnedID()
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if pinnedID() == first {
+		t.Fatal("the route cache pinned before the load was adopted")
+	}
+}
+
+// The CLI opens a datapath pinned by a version without route reuse: the
+// lease map is optional, and reuse reads as off.
+func TestOpenPinnedWithoutRouteReuse(t *testing.T) {
+	root := testenv.BPFFS(t)
+	dp, err := loader.Load(smallOptions(root), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	if err := os.Remove(filepath.Join(loader.Dir(root), "maps", "route_reuse")); err != nil {
+		t.Fatal(err)
+	}
+	maps, err := loader.OpenPinned(root)
+	if err != nil {
+		t.Fatalf("open the pins of a datapath without route_reuse: %v", err)
+	}
+	defer maps.Close()
+	if maps.RouteReuse != nil || maps.Conntrack == nil {
+		t.Fatalf("maps opened: route_reuse %v, conntrack %v", maps.RouteReuse, maps.Conntrack)
+	}
+	on, err := dataplane.New(maps).RouteReuseAllowed()
+	if err != nil || on {
+		t.Fatalf("RouteReuseAllowed = %v, %v; want false, nil", on, err)
 	}
 }
 

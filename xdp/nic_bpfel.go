@@ -228,9 +228,8 @@ type NicNewFlowRoute struct {
 	}
 	BackendAddr    uint32
 	IngressIfindex uint32
-	EgressAddr     uint32
 	Dscp           uint8
-	Pad            [3]uint8
+	Pad            [7]uint8
 }
 
 type NicRouteReuseLease struct {

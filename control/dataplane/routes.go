@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -12,6 +13,9 @@ import (
 // datapath's clock (Now) reads until; 0 stops it at once. Only for a node
 // that routes by destination alone: the agent checks and renews it.
 func (d *Dataplane) AllowRouteReuse(until time.Duration) error {
+	if d.m.RouteReuse == nil {
+		return errNoRouteReuse
+	}
 	if until < 0 {
 		until = 0
 	}
@@ -21,8 +25,15 @@ func (d *Dataplane) AllowRouteReuse(until time.Duration) error {
 	return nil
 }
 
-// RouteReuseAllowed reports whether new flows reuse routes now.
+// errNoRouteReuse: the datapath was pinned by a version without route reuse.
+var errNoRouteReuse = errors.New("the pinned datapath has no route reuse lease (an earlier version)")
+
+// RouteReuseAllowed reports whether new flows reuse routes now (never on
+// a datapath pinned by a version without route reuse).
 func (d *Dataplane) RouteReuseAllowed() (bool, error) {
+	if d.m.RouteReuse == nil {
+		return false, nil
+	}
 	var lease xdp.NicRouteReuseLease
 	if err := d.m.RouteReuse.Lookup(uint32(0), &lease); err != nil {
 		return false, fmt.Errorf("read route reuse lease: %w", err)

@@ -136,8 +136,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	struct ct_entry *fresh = &res->fresh;
 	struct frontend *fe;
 	struct pick pick;
-	__u32 table_id;
-	__be32 egress_addr = 0;
+	__u32 table_id, egress = 0;
 	__u16 drop_flag, local_flag;
 	int snat, err;
 
@@ -208,12 +207,12 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	 * too big (or a GSO packet, from TC) caches no next hop, and the hook
 	 * routes it again, answering or measuring it by its segments. */
 	if (!(fresh->flags & CT_F_HOST))
-		egress_addr = route_new_flow(ctx, pkt, ifindex, fresh, &res->fib);
+		egress = route_new_flow(ctx, pkt, ifindex, fresh, &res->fib);
 
 	if (origin == ORIGIN_EXTERNAL) {
 		snat = (fe->flags & FE_SNAT_REMOTE) && !(pick.backend.flags & BE_LOCAL);
 		if (snat) {
-			fresh->nat_addr = egress_addr;
+			fresh->nat_addr = iface_addr(egress);
 			if (!fresh->nat_addr)
 				fresh->nat_addr = iface_addr(ifindex);
 		}

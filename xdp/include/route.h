@@ -79,10 +79,9 @@ static __always_inline int dont_fragment(const struct packet *pkt)
  * insert. While the node routes by destination alone, a new flow takes
  * the next hop that a new flow to the same backend address, arriving on
  * the same interface with the same DSCP, found less than a second ago on
- * this CPU, and looks up only when there is none (with the SNAT source
- * address of its device). The flow's own entry caches that hop as if it
- * had looked it up, so a route, neighbour or address change reaches every
- * flow within two seconds. Packets above
+ * this CPU, and looks up only when there is none. The flow's own entry
+ * caches that hop as if it had looked it up, so a route or neighbour
+ * change reaches every flow within two seconds. Packets above
  * MTU_CHECK_MIN are always looked up: the lookup checks them against the
  * route's MTU.
  *
@@ -103,9 +102,8 @@ struct new_flow_route {
 	struct next_hop hop;  /* its result */
 	__be32 backend_addr;  /* the destination looked up */
 	__u32 ingress_ifindex;
-	__be32 egress_addr;   /* the SNAT source address of hop.ifindex (ifaces) */
 	__u8 dscp;            /* TOS & TOS_DSCP_MASK */
-	__u8 pad[3];
+	__u8 pad[7];
 };
 
 /* Until when new flows may reuse routes: the agent's lease. */
@@ -138,27 +136,20 @@ static __always_inline int new_flow_route_fits(const struct new_flow_route *rout
 	       now - route->routed_ns < NSEC_PER_SEC;
 }
 
-static __always_inline __be32 iface_addr(__u32 ifindex)
-{
-	struct iface *dev = bpf_map_lookup_elem(&ifaces, &ifindex);
-
-	return dev ? dev->addr : 0;
-}
-
 /*
  * Route a new flow's first packet to its backend (fresh->backend_id at
  * fresh->backend_addr), as if it had arrived on ifindex: fresh->hop gets
  * the next hop, or stays empty when there is none to cache (the hook then
  * routes the packet itself and handles what the lookup said). fib holds
- * the lookup, if one ran. Returns the SNAT source address of the egress
- * device (iface_addr), 0 when there is none or the device is not known
- * (the FIB lookup names it even when the neighbour is not resolved yet).
+ * the lookup, if one ran. Returns the egress device, as far as known (the
+ * FIB lookup names it even when the neighbour is not resolved yet), for
+ * the SNAT source address.
  *
  * A function of its own (not inlined): the verifier then checks its
  * branches once per call, not once for every path through what follows.
  */
-static __noinline __be32 route_new_flow(void *ctx, const struct packet *pkt, __u32 ifindex,
-					struct ct_entry *fresh, struct bpf_fib_lookup *fib)
+static __noinline __u32 route_new_flow(void *ctx, const struct packet *pkt, __u32 ifindex,
+				       struct ct_entry *fresh, struct bpf_fib_lookup *fib)
 {
 	struct new_flow_route *route = NULL;
 	__u32 slot = fresh->backend_id % NEW_FLOW_ROUTES, zero = 0;
@@ -170,23 +161,29 @@ static __noinline __be32 route_new_flow(void *ctx, const struct packet *pkt, __u
 		route = bpf_map_lookup_elem(&new_flow_routes, &slot);
 		if (route && new_flow_route_fits(route, ifindex, pkt, daddr, now)) {
 			fresh->hop = route->hop;
-			return route->egress_addr;
+			return fresh->hop.ifindex;
 		}
 	}
 	if (fib_lookup_ipv4(ctx, ifindex, pkt, daddr, fib) != BPF_FIB_LKUP_RET_SUCCESS)
-		return iface_addr(fib->ifindex);
+		return fib->ifindex;
 	fresh->hop.ifindex = fib->ifindex;
 	__builtin_memcpy(fresh->hop.dmac, fib->dmac, ETH_ALEN);
 	__builtin_memcpy(fresh->hop.smac, fib->smac, ETH_ALEN);
-	if (!route)
-		return iface_addr(fib->ifindex);
-	route->routed_ns = now;
-	route->hop = fresh->hop;
-	route->backend_addr = daddr;
-	route->ingress_ifindex = ifindex;
-	route->egress_addr = iface_addr(fib->ifindex);
-	route->dscp = pkt->tos & TOS_DSCP_MASK;
-	return route->egress_addr;
+	if (route) {
+		route->routed_ns = now;
+		route->hop = fresh->hop;
+		route->backend_addr = daddr;
+		route->ingress_ifindex = ifindex;
+		route->dscp = pkt->tos & TOS_DSCP_MASK;
+	}
+	return fresh->hop.ifindex;
+}
+
+static __always_inline __be32 iface_addr(__u32 ifindex)
+{
+	struct iface *dev = bpf_map_lookup_elem(&ifaces, &ifindex);
+
+	return dev ? dev->addr : 0;
 }
 
 #endif /* XDPLB_ROUTE_H */
