@@ -71,7 +71,6 @@ type Agent struct {
 	// interfaces there were at the start.
 	spillCheckEvery time.Duration
 	spillChecks     atomic.Uint64 // checks run, for tests
-	routingChecks   atomic.Uint64 // checks of watchRouting run, for tests
 	podsListed      chan struct{}
 	podsListedOnce  sync.Once
 	lastTrigger     map[string]time.Time // service port key -> last-change-trigger-time observed

@@ -171,7 +171,6 @@ func (a *Agent) readRoutingChanges(ctx context.Context, sock *nl.NetlinkSocket, 
 // the answer differs from the previous one (reusing), or always with
 // report. It returns whether new flows reuse routes now.
 func (a *Agent) checkRouting(reusing, report bool) bool {
-	defer a.routingChecks.Add(1)
 	ok, why, err := routingByDestination()
 	if err != nil {
 		// Unknown: the safe side is a FIB lookup for every new flow.

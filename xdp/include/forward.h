@@ -62,13 +62,6 @@ static __always_inline int handoff_to_tc(struct xdp_md *ctx, __u32 ifindex, enum
 	return XDP_PASS;
 }
 
-static __always_inline void next_hop_from_fib(struct next_hop *hop, const struct bpf_fib_lookup *fib)
-{
-	hop->ifindex = fib->ifindex;
-	__builtin_memcpy(hop->dmac, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(hop->smac, fib->smac, ETH_ALEN);
-}
-
 /*
  * The MTU of the cached next hop's device when the packet, as it is (a
  * translation does not change its size), is too big for it; 0 when it

@@ -73,6 +73,14 @@ static __always_inline int dont_fragment(const struct packet *pkt)
 	return pkt->frag_off & IP_DF;
 }
 
+/* The next hop a successful FIB lookup found. */
+static __always_inline void next_hop_from_fib(struct next_hop *hop, const struct bpf_fib_lookup *fib)
+{
+	hop->ifindex = fib->ifindex;
+	__builtin_memcpy(hop->dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(hop->smac, fib->smac, ETH_ALEN);
+}
+
 /* ---- the route of a new flow ------------------------------------------
  *
  * A FIB lookup is the largest cost of a new flow after its conntrack
@@ -166,9 +174,7 @@ static __noinline __u32 route_new_flow(void *ctx, const struct packet *pkt, __u3
 	}
 	if (fib_lookup_ipv4(ctx, ifindex, pkt, daddr, fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return fib->ifindex;
-	fresh->hop.ifindex = fib->ifindex;
-	__builtin_memcpy(fresh->hop.dmac, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(fresh->hop.smac, fib->smac, ETH_ALEN);
+	next_hop_from_fib(&fresh->hop, fib);
 	if (route) {
 		route->routed_ns = now;
 		route->hop = fresh->hop;

@@ -237,11 +237,8 @@ static __always_inline int skb_send(struct __sk_buff *skb, const struct bpf_fib_
 		return TC_ACT_SHOT;
 	}
 	/* Cache only a complete next hop: XDP may follow the same entry. */
-	if (cache && !cache->ifindex && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		cache->ifindex = fib->ifindex;
-		__builtin_memcpy(cache->dmac, fib->dmac, ETH_ALEN);
-		__builtin_memcpy(cache->smac, fib->smac, ETH_ALEN);
-	}
+	if (cache && !cache->ifindex && rc == BPF_FIB_LKUP_RET_SUCCESS)
+		next_hop_from_fib(cache, fib);
 	if (skb_decrease_ttl(skb)) {
 		count(STAT_DROP_TTL, skb->len);
 		return TC_ACT_SHOT;
