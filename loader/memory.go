@@ -35,6 +35,8 @@ func (o Options) MapMemory() (map[string]uint64, error) {
 			out[name] = entries * (key + value + 48) // htab_elem with its LRU node, and a bucket
 		case ebpf.HashOfMaps:
 			out[name] = entries * (key + 8 + 48)
+		case ebpf.ArrayOfMaps:
+			out[name] = entries * 8 // a pointer per slot
 		case ebpf.LPMTrie:
 			out[name] = entries * (key + value + 48)
 		case ebpf.PerCPUArray:

@@ -2,8 +2,12 @@ package loader_test
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
@@ -88,5 +92,71 @@ func TestResizeKeepsWhatTheControlPlaneWrote(t *testing.T) {
 				t.Errorf("backends array: %d entries (%v), want %d", dp.Maps.Backends.MaxEntries(), err, opts.BackendsMax)
 			}
 		})
+	}
+}
+
+// Maglev tables pinned by a version that kept them in a hash of maps are
+// taken over by the array of maps, under the same ids: the frontends that
+// name them keep their backends until the agent's first sync.
+func TestTablesPinnedInAHashOfMapsAreKept(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts := smallOptions(root)
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := []uint32{5, 40, 5, 40, 5, 40, 5}
+	d := dataplane.New(&dp.Maps)
+	if err := d.PutTable(3, table); err != nil {
+		t.Fatal(err)
+	}
+	var innerID uint32
+	if err := dp.Maps.MaglevTables.Lookup(uint32(3), &innerID); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := ebpf.NewMapFromID(ebpf.MapID(innerID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	innerInfo, err := inner.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+
+	// The earlier layout: the same tables in a HASH_OF_MAPS.
+	path := filepath.Join(loader.Dir(root), "maps", "maglev_tables")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4, MaxEntries: 8,
+		InnerMap: &ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1,
+			Flags: innerInfo.Flags}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Put(uint32(3), inner); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+
+	dp, err = loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if typ := dp.Maps.MaglevTables.Type(); typ != ebpf.ArrayOfMaps {
+		t.Errorf("maglev_tables is a %v, want an array of maps", typ)
+	}
+	d = dataplane.New(&dp.Maps)
+	if got, err := d.Table(3); err != nil || !slices.Equal(got, table) {
+		t.Errorf("Maglev table 3 after the upgrade %v (%v), want %v", got, err, table)
+	}
+	if ids, err := d.TableIDs(); err != nil || !slices.Equal(ids, []uint32{3}) {
+		t.Errorf("tables after the upgrade %v (%v), want [3]", ids, err)
 	}
 }

@@ -65,8 +65,11 @@ func (d *Dataplane) Occupancy() (map[string]int, error) {
 			var rs []SourceRange
 			rs, err = d.SourceRanges()
 			n = len(rs)
-		default: // maglev_tables: a map of maps has no batch lookup
-			n, err = countByIteration(m)
+		case "maglev_tables":
+			// A batch of an array of maps skips its empty slots.
+			n, err = countEntries[uint32, uint32](m)
+		default:
+			err = errors.New("no way to count its entries")
 		}
 		if err != nil {
 			return nil, fmt.Errorf("count %s: %w", name, err)
@@ -93,28 +96,6 @@ func countEntries[K, V any](m *ebpf.Map) (int, error) {
 	}
 }
 
-func countByIteration(m *ebpf.Map) (int, error) {
-	key := make([]byte, m.KeySize())
-	n := 0
-	var err error
-	for {
-		next := make([]byte, m.KeySize())
-		if n == 0 {
-			err = m.NextKey(nil, next)
-		} else {
-			err = m.NextKey(key, next)
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, nil
-		}
-		if err != nil {
-			return n, err
-		}
-		copy(key, next)
-		n++
-	}
-}
-
 // MemoryUsage is the kernel memory charged for the datapath's maps,
 // including every Maglev table.
 func (d *Dataplane) MemoryUsage() (uint64, error) {
@@ -131,18 +112,16 @@ func (d *Dataplane) MemoryUsage() (uint64, error) {
 			add(m)
 		}
 	}
-	var k, innerID uint32
-	it := d.m.MaglevTables.Iterate()
-	for it.Next(&k, &innerID) {
+	err := d.eachTable(func(_, innerID uint32) {
 		inner, err := ebpf.NewMapFromID(ebpf.MapID(innerID))
 		if err != nil {
-			continue
+			return // replaced since it was read
 		}
 		add(inner)
 		inner.Close()
-	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("read tables: %w", err)
+	})
+	if err != nil {
+		return 0, err
 	}
 	return total, nil
 }

@@ -1,6 +1,7 @@
 package dataplane_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/xdplb/xdplb/loader"
@@ -8,8 +9,8 @@ import (
 )
 
 // TestOccupancyCountsFlowMaps fills the flow maps with more entries than
-// one read batch holds and checks what Occupancy reports, and that
-// ResetFlows empties them.
+// one read batch holds, installs a few Maglev tables, and checks what
+// Occupancy reports, and that ResetFlows empties the flow maps.
 func TestOccupancyCountsFlowMaps(t *testing.T) {
 	dp, d := loadSmall(t, func(o *loader.Options) {
 		o.ConntrackMax, o.NATMax, o.AffinityMax = 16384, 16384, 16384
@@ -33,11 +34,23 @@ func TestOccupancyCountsFlowMaps(t *testing.T) {
 		}
 	}
 
+	// Tables at scattered ids of the array of maps, the last id included.
+	tableIDs := []uint32{1, 7, dp.Maps.MaglevTables.MaxEntries() - 1}
+	for _, id := range tableIDs {
+		if err := d.PutTable(id, []uint32{1, 1, 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids, err := d.TableIDs(); err != nil || !slices.Equal(ids, tableIDs) {
+		t.Errorf("table ids %v (%v), want %v", ids, err, tableIDs)
+	}
+
 	occ, err := d.Occupancy()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]int{"conntrack": flows, "nat": flows, "affinity": flows, "snat_slots": slots, "frontends": 0} {
+	for name, want := range map[string]int{"conntrack": flows, "nat": flows, "affinity": flows, "snat_slots": slots, "frontends": 0,
+		"maglev_tables": len(tableIDs)} {
 		if occ[name] != want {
 			t.Errorf("occupancy of %s: %d, want %d", name, occ[name], want)
 		}

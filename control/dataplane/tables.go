@@ -243,13 +243,28 @@ func (d *Dataplane) Table(id uint32) ([]uint32, error) {
 // TableIDs lists the installed tables.
 func (d *Dataplane) TableIDs() ([]uint32, error) {
 	var ids []uint32
-	var k, v uint32
-	it := d.m.MaglevTables.Iterate()
-	for it.Next(&k, &v) {
-		ids = append(ids, k)
+	err := d.eachTable(func(id, _ uint32) { ids = append(ids, id) })
+	return ids, err
+}
+
+// eachTable calls fn with the id and inner map id of every installed
+// table. The array of maps is read in batches, which skip its empty slots:
+// one lookup per slot would cost a system call for each of the
+// 2 × --services-max ids.
+func (d *Dataplane) eachTable(fn func(id, innerID uint32)) error {
+	ids := make([]uint32, flowBatch)
+	inner := make([]uint32, flowBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := d.m.MaglevTables.BatchLookup(&cursor, ids, inner, nil)
+		for i := range n {
+			fn(ids[i], inner[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read tables: %w", err)
+		}
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read tables: %w", err)
-	}
-	return ids, nil
 }

@@ -396,7 +396,7 @@ struct maglev_table {
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, 1024);
 	__type(key, __u32); /* table id */
 	__uint(pinning, PIN);
