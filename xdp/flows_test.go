@@ -1154,3 +1154,58 @@ func TestBusyBackendsDoNotShareSNATBuckets(t *testing.T) {
 		t.Errorf("%d backends share %d SNAT buckets", backends, len(buckets))
 	}
 }
+
+// A client that sends from one address and port to two frontends of a
+// service whose backend is local (DNAT only) would give the backend two
+// connections with one reply tuple. The later flow is refused with a
+// counted drop and the earlier one keeps its replies; once the earlier
+// flow is gone, the tuple is free again.
+func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
+	f := newFixture(t)
+	svc := webService()
+	svc.backends = map[uint32]dataplane.Backend{3: backendLocal}
+	svc.table = []uint32{3, 3, 3, 3, 3, 3, 3}
+	f.program(svc)
+	const clientPort = 7001
+	replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(podPort),
+		Daddr: xdp.AddrToNet(clientAddr), Dport: xdp.PortToNet(clientPort), Proto: packet.TCP}
+	repliesLeaveAs := func(want netip.AddrPort) {
+		t.Helper()
+		var rev xdp.NicNatEntry
+		if err := f.dp.Maps.NAT.Lookup(replyTuple, &rev); err != nil {
+			t.Fatalf("reverse half of the reply tuple: %v", err)
+		}
+		if got := netip.AddrPortFrom(xdp.NetToAddr(rev.FrontendAddr), xdp.NetToPort(rev.FrontendPort)); got != want {
+			t.Fatalf("replies leave as %s, want %s", got, want)
+		}
+	}
+	toNodePort := tcpFrame(clientAddr, clientPort, nodeAddr, nodePort, packet.SYN, "")
+	toLB := tcpFrame(clientAddr, clientPort, lbIP, lbPort, packet.SYN, "")
+	started := map[string]uint64{"new_flow": 1, "pass_to_stack": 1}
+
+	f.expectCounters(started, func() {
+		f.expectVerdict(f.run(toNodePort.Bytes(), f.nic0), xdpPass)
+	})
+	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpDrop)
+	})
+	repliesLeaveAs(netip.AddrPortFrom(nodeAddr, nodePort))
+
+	// Another client port has a reply tuple of its own.
+	otherPort := toLB
+	otherPort.SrcPort = clientPort + 1
+	f.expectCounters(started, func() {
+		f.expectVerdict(f.run(otherPort.Bytes(), f.nic0), xdpPass)
+	})
+
+	// The first flow's conntrack entry is evicted: the tuple is free.
+	first := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
+		Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(first)); err != nil {
+		t.Fatal(err)
+	}
+	f.expectCounters(started, func() {
+		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpPass)
+	})
+	repliesLeaveAs(netip.AddrPortFrom(lbIP, lbPort))
+}

@@ -233,7 +233,12 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 
 	err = nat_claim(&res->key, fresh, cfg, now);
 	if (err) {
-		res->reason = err == -1 ? STAT_DROP_NAT_EXHAUSTED : STAT_DROP_CT_FULL;
+		if (err == -1)
+			res->reason = STAT_DROP_NAT_EXHAUSTED;
+		else if (err == -3)
+			res->reason = STAT_DROP_REPLY_TUPLE_TAKEN;
+		else
+			res->reason = STAT_DROP_CT_FULL;
 		return FLOW_DROP;
 	}
 	if (bpf_map_update_elem(&conntrack, &res->key, fresh, BPF_NOEXIST)) {

@@ -277,20 +277,28 @@ static __always_inline struct snat_slot *snat_slot_for(const struct nat_key *key
 
 /*
  * Is the flow holding reverse half `rev` of reply tuple `key` gone: its
- * forward entry missing, expired, or translating elsewhere now? (A flow
+ * forward entry missing, expired, or translating elsewhere now? snat is
+ * CT_F_SNAT for a SNAT flow's tuple, 0 for one without SNAT. (A flow
  * coming back after its forward entry was evicted finds its old reverse
  * half gone too; one whose entry is still there must not take it over.)
  */
-static __always_inline int snat_holder_gone(const struct nat_key *key, const struct nat_entry *rev,
-					    const struct datapath_config *cfg, __u64 now)
+static __always_inline int reverse_holder_gone(const struct nat_key *key,
+					       const struct nat_entry *rev, __u8 snat,
+					       const struct datapath_config *cfg, __u64 now)
 {
 	struct ct_key owner;
 	struct ct_entry *ct;
 
 	ct_key_of_nat(key, rev, &owner);
 	ct = bpf_map_lookup_elem(&conntrack, &owner);
-	return !ct || !(ct->flags & CT_F_SNAT) || !ct_answers_to(ct, key) ||
+	return !ct || (ct->flags & CT_F_SNAT) != snat || !ct_answers_to(ct, key) ||
 	       ct_expired(ct, owner.proto, cfg, now);
+}
+
+static __always_inline int snat_holder_gone(const struct nat_key *key, const struct nat_entry *rev,
+					    const struct datapath_config *cfg, __u64 now)
+{
+	return reverse_holder_gone(key, rev, CT_F_SNAT, cfg, now);
 }
 
 /*
@@ -634,10 +642,37 @@ static __always_inline int snat_claim(const struct ct_key *flow, struct ct_entry
 }
 
 /*
+ * Claim the reply tuple of a flow without SNAT (backend -> the client's
+ * own address and port) in the nat map. A live flow of another frontend
+ * may hold it: the same client address and port sent to two frontends
+ * with the same backend, which would then see one connection where there
+ * are two. The later flow is refused (-3) rather than take the earlier
+ * one's replies. (Netfilter's conntrack remaps the source port instead.)
+ */
+static __always_inline int dnat_claim(const struct ct_key *flow, const struct nat_key *key,
+				      const struct nat_entry *entry,
+				      const struct datapath_config *cfg, __u64 now)
+{
+	struct nat_entry *found = bpf_map_lookup_elem(&nat, key);
+	long err;
+
+	if (found && !nat_entry_matches(found, flow) &&
+	    !reverse_holder_gone(key, found, 0, cfg, now))
+		return -3;
+	/* Without an entry to replace, an insert another CPU beats for the
+	 * same tuple fails rather than overwrite it. */
+	err = bpf_map_update_elem(&nat, key, entry, found ? BPF_ANY : BPF_NOEXIST);
+	if (err == -17 /* EEXIST */)
+		return -3;
+	return err ? -2 : 0;
+}
+
+/*
  * Claim the reverse half for a new flow. Without SNAT the reply tuple is
  * fixed and gets a nat map entry; with SNAT a port is claimed as the
  * comment on SNAT_BUCKET_ATTEMPTS says.
- * Returns 0 on success, -1 when no port was free, -2 when there was no room.
+ * Returns 0 on success, -1 when no port was free, -2 when there was no
+ * room, -3 when another live flow holds the reply tuple (no SNAT).
  */
 static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry *ct,
 				     const struct datapath_config *cfg, __u64 now)
@@ -648,7 +683,7 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 	nat_entry_of(flow, ct, &entry);
 	nat_key_of(flow, ct, &key);
 	if (!(ct->flags & CT_F_SNAT))
-		return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) ? -2 : 0;
+		return dnat_claim(flow, &key, &entry, cfg, now);
 	if (cfg->snat_port_max < cfg->snat_port_min)
 		return -1;
 	return snat_claim(flow, ct, cfg, now, &key, &entry);
