@@ -318,3 +318,96 @@ func TestHostReplyLeavesPodBackendsAlone(t *testing.T) {
 		t.Errorf("verdict %d: a pod backend's reply was taken for the host's", int32(verdict))
 	}
 }
+
+// The node's own ICMP errors about packets of translated flows that it
+// received leave translated by the host reply program: a host backend's
+// port unreachable, a local pod's host unreachable. The client gets them
+// about the packet it sent, to the frontend; from the frontend when the
+// backend itself answers. Other ICMP leaves untouched.
+func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
+	f := newFixture(t)
+	hostDNS := dataplane.Backend{Addr: nodeAddr, Port: 5353, Local: true, Host: true}
+	f.program(webService())
+	f.program(service{
+		svcID: 9, tableID: 9,
+		frontends: []dataplane.FrontendKey{{Addr: lbIP, Port: 53, Proto: packet.UDP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendSNATRemote,
+		backends:  map[uint32]dataplane.Backend{40: hostDNS},
+		table:     []uint32{40},
+	})
+	hostReply := f.dp.HostReplyProgram()
+
+	toHost := udpFrame(clientAddr, 7100, lbIP, 53, "query")
+	toPod := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+	toPod.SrcPort = findClientPort(t, webService(), toPod, 3) // the local pod
+	for _, in := range []packet.Frame{toHost, toPod} {
+		if r := f.run(in.Bytes(), f.nic0); r.verdict != xdpPass {
+			t.Fatalf("%s:%d -> %s:%d: verdict %s, want PASS to the stack", in.Src, in.SrcPort, in.Dst, in.DstPort,
+				verdictName(r.verdict))
+		}
+	}
+	// What the node's stack received.
+	deliveredToHost := toHost
+	deliveredToHost.Dst, deliveredToHost.DstPort = hostDNS.Addr, hostDNS.Port
+	deliveredToPod := toPod
+	deliveredToPod.Dst, deliveredToPod.DstPort = localPod, podPort
+
+	for _, tc := range []struct {
+		name string
+		icmp packet.Frame
+		want icmpWant
+	}{
+		{"port unreachable from a host backend",
+			icmpError(f.nic0MAC, nodeAddr, clientAddr, 3, deliveredToHost),
+			icmpWant{from: lbIP, to: clientAddr, qsrc: netip.AddrPortFrom(clientAddr, 7100),
+				qdst: netip.AddrPortFrom(lbIP, 53)}},
+		{"host unreachable for a local pod",
+			icmpError(f.nic0MAC, nodeAddr, clientAddr, 1, deliveredToPod),
+			icmpWant{from: nodeAddr, to: clientAddr, qsrc: netip.AddrPortFrom(clientAddr, toPod.SrcPort),
+				qdst: netip.AddrPortFrom(nodeAddr, nodePort)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.t = t
+			var verdict uint32
+			var raw []byte
+			f.expectCounters(map[string]uint64{"icmp_translated": 1}, func() {
+				verdict, raw = f.runTC(hostReply, tc.icmp.Bytes(), f.nic0)
+			})
+			if verdict != tcActOK {
+				t.Fatalf("verdict %d, want TC_ACT_OK", int32(verdict))
+			}
+			out := decode(t, raw)
+			if out.ICMPType != tc.icmp.ICMPType || out.ICMPCode != tc.icmp.ICMPCode {
+				t.Errorf("ICMP type %d code %d, want %d %d", out.ICMPType, out.ICMPCode, tc.icmp.ICMPType, tc.icmp.ICMPCode)
+			}
+			if out.Src != tc.want.from || out.Dst != tc.want.to {
+				t.Errorf("error %s -> %s, want %s -> %s", out.Src, out.Dst, tc.want.from, tc.want.to)
+			}
+			if src, dst := quoteOf(t, out); src != tc.want.qsrc || dst != tc.want.qdst {
+				t.Errorf("quote %s -> %s, want %s -> %s (what the client sent)", src, dst, tc.want.qsrc, tc.want.qdst)
+			}
+		})
+	}
+
+	untracked := deliveredToHost
+	untracked.SrcPort = 7101
+	for _, tc := range []struct {
+		name string
+		icmp packet.Frame
+	}{
+		{"an error about an untracked packet", icmpError(f.nic0MAC, nodeAddr, clientAddr, 3, untracked)},
+		{"an echo reply", packet.Frame{SrcMAC: f.nic0MAC, Src: nodeAddr, Dst: clientAddr, Proto: packet.ICMP, TTL: 64,
+			ICMPType: 0, Payload: []byte("ping")}},
+	} {
+		t.Run(tc.name+" leaves untouched", func(t *testing.T) {
+			f.t = t
+			f.expectCounters(map[string]uint64{}, func() {
+				verdict, raw := f.runTC(hostReply, tc.icmp.Bytes(), f.nic0)
+				if verdict != tcActUnspec || !sameBytes(raw, tc.icmp.Bytes()) {
+					t.Errorf("verdict %d, changed %v; want TC_ACT_UNSPEC, untouched", int32(verdict),
+						!sameBytes(raw, tc.icmp.Bytes()))
+				}
+			})
+		})
+	}
+}

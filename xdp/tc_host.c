@@ -11,9 +11,11 @@
  * through the NIC (to clients outside) or a pod interface (to pods on this
  * node); here they are translated back to the frontend the client reached,
  * as a pod backend's replies are by tc_pod. So are the later fragments of
- * such a reply. Everything else leaves untouched, after a parse of the
+ * such a reply, and the ICMP errors the node sends about packets of
+ * translated flows. Everything else leaves untouched, after a parse of the
  * headers in place and one bitmap test (a later fragment: one lookup of
- * its datagram, which a first fragment not translated here forgets).
+ * its datagram, which a first fragment not translated here forgets; an
+ * ICMP error: one lookup of the flow it quotes).
  */
 #include "include/common.h"
 #include "include/maps.h"
@@ -21,6 +23,7 @@
 #include "include/conntrack.h"
 #include "include/flow.h"
 #include "include/frag.h"
+#include "include/icmp.h"
 #include "include/skb.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -84,6 +87,27 @@ static __always_inline int host_reply(struct __sk_buff *skb, struct packet *pkt)
 	return TC_ACT_OK;
 }
 
+/*
+ * An ICMP error the node itself sends about a packet of a translated flow
+ * that it received: "port unreachable" from a host backend with nothing
+ * listening on its port, "host unreachable" for a packet it could not
+ * deliver to a local pod. It quotes the packet as translated; the client
+ * gets it about the packet it sent, from the frontend (see icmp.h). Errors
+ * that would have to change their destination (about a SNAT flow's packet,
+ * whose source was this node) are not for here.
+ */
+static __always_inline int host_icmp_error(struct __sk_buff *skb, struct packet *pkt)
+{
+	struct icmp_quote *quote = icmp_error_quote(pkt);
+	struct icmp_rewrite rw;
+
+	if (!quote || icmp_about_forward(pkt, quote, &rw) || rw.daddr != pkt->daddr)
+		return TC_ACT_UNSPEC;
+	icmp_error_rewrite(pkt, quote, &rw);
+	count(STAT_ICMP_TRANSLATED, skb->len);
+	return TC_ACT_OK;
+}
+
 /* A later fragment of a reply whose first fragment was translated here. */
 static __always_inline int host_reply_fragment(struct __sk_buff *skb, struct packet *pkt)
 {
@@ -121,6 +145,8 @@ int xdplb_host_reply(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
+	if (pkt.proto == IPPROTO_ICMP)
+		return host_icmp_error(skb, &pkt);
 	if (pkt.proto != IPPROTO_TCP && pkt.proto != IPPROTO_UDP)
 		return TC_ACT_UNSPEC;
 	if (port_in_bitmap(&host_backend_ports, pkt.sport)) {
