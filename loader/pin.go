@@ -86,24 +86,26 @@ func copyEntries[K any, V comparable](from, to *ebpf.Map) (copied, skipped int, 
 
 // copyInnerMaps is the migration of maglev_tables: the new outer map
 // takes the same inner tables, which live on as long as a map holds them.
+//
+// The old map is read in batches: an array of maps has two ids for each
+// possible service port, and reading them one at a time costs two system
+// calls each (~14 s at the largest --services-max).
 func copyInnerMaps(from, to *ebpf.Map) (copied, skipped int, err error) {
-	var tableID, innerID uint32
-	iter := from.Iterate()
-	for iter.Next(&tableID, &innerID) {
-		inner, err := ebpf.NewMapFromID(ebpf.MapID(innerID))
+	err = readEntries(from, func(tableID, innerID *uint32) {
+		inner, err := ebpf.NewMapFromID(ebpf.MapID(*innerID))
 		if err != nil {
 			skipped++ // replaced since it was read
-			continue
+			return
 		}
-		err = to.Put(tableID, inner)
+		err = to.Put(*tableID, inner)
 		inner.Close()
 		if err != nil {
 			skipped++
-			continue
+			return
 		}
 		copied++
-	}
-	if err := iter.Err(); err != nil {
+	})
+	if err != nil {
 		return copied, skipped, fmt.Errorf("read entries: %w", err)
 	}
 	return copied, skipped, nil

@@ -1157,9 +1157,10 @@ func TestBusyBackendsDoNotShareSNATBuckets(t *testing.T) {
 
 // A client that sends from one address and port to two frontends of a
 // service whose backend is local (DNAT only) would give the backend two
-// connections with one reply tuple. The later flow is refused with a
-// counted drop and the earlier one keeps its replies; once the earlier
-// flow is gone, the tuple is free again.
+// connections with one reply tuple. Whichever flow holds the tuple keeps
+// it: a later flow is refused with a counted drop, and so is a flow whose
+// reverse half was evicted and taken meanwhile; once the holder is gone,
+// the tuple is free again.
 func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	f := newFixture(t)
 	svc := webService()
@@ -1208,4 +1209,29 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpPass)
 	})
 	repliesLeaveAs(netip.AddrPortFrom(lbIP, lbPort))
+
+	// Now the other way round: the LB flow's reverse half is evicted and
+	// a NodePort flow takes the tuple. The LB flow's next check finds it
+	// held: that flow ends there (a counted drop, its entry deleted)
+	// instead of taking the tuple back, once a second, in turn.
+	second := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
+		Frontend: netip.AddrPortFrom(lbIP, lbPort), Proto: packet.TCP}
+	if err := f.dp.Maps.NAT.Delete(replyTuple); err != nil {
+		t.Fatal(err)
+	}
+	f.expectCounters(started, func() {
+		f.expectVerdict(f.run(toNodePort.Bytes(), f.nic0), xdpPass)
+	})
+	repliesLeaveAs(netip.AddrPortFrom(nodeAddr, nodePort))
+	f.ageFlow(second)
+	ack := toLB
+	ack.Flags = packet.ACK
+	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+		f.expectVerdict(f.run(ack.Bytes(), f.nic0), xdpDrop)
+	})
+	repliesLeaveAs(netip.AddrPortFrom(nodeAddr, nodePort))
+	var gone xdp.NicCtEntry
+	if err := f.dp.Maps.Conntrack.Lookup(ctKeyOf(second), &gone); err == nil {
+		t.Errorf("the flow that lost its reply tuple is still tracked: %+v", gone)
+	}
 }

@@ -151,8 +151,8 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		 * check, the rewrite and a cached next hop. */
 		if (!ct)
 			return drop(STAT_DROP_CT_FULL, pkt->len);
-		if (flow_touch(&res->key, ct, pkt, cfg, now))
-			return drop(STAT_DROP_CT_FULL, pkt->len);
+		if (flow_touch(&res->key, ct, pkt, cfg, now, &res->reason))
+			return drop(res->reason, pkt->len);
 		count_service(ct->svc_id, pkt->len, 0);
 		break;
 	}

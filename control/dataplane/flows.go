@@ -131,7 +131,8 @@ func (d *Dataplane) DeleteFlow(f Flow) error {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 	case err != nil:
 		errs = append(errs, fmt.Errorf("read reverse NAT entry: %w", err))
-	case rev.ClientAddr == xdp.AddrToNet(f.Client.Addr()) && rev.ClientPort == xdp.PortToNet(f.Client.Port()):
+	case rev.ClientAddr == xdp.AddrToNet(f.Client.Addr()) && rev.ClientPort == xdp.PortToNet(f.Client.Port()) &&
+		rev.FrontendAddr == xdp.AddrToNet(f.Frontend.Addr()) && rev.FrontendPort == xdp.PortToNet(f.Frontend.Port()):
 		if err := d.m.NAT.Delete(rk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete reverse NAT entry: %w", err))
 		}

@@ -44,6 +44,9 @@ func TestOccupancyCountsFlowMaps(t *testing.T) {
 	if ids, err := d.TableIDs(); err != nil || !slices.Equal(ids, tableIDs) {
 		t.Errorf("table ids %v (%v), want %v", ids, err, tableIDs)
 	}
+	if ids, err := d.TableIDsByLookups(); err != nil || !slices.Equal(ids, tableIDs) {
+		t.Errorf("table ids read one slot at a time %v (%v), want %v", ids, err, tableIDs)
+	}
 
 	occ, err := d.Occupancy()
 	if err != nil {

@@ -312,12 +312,14 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
  * Keep a tracked flow's entry current for this packet: TCP state on every
  * packet (written only on change); once a second the timestamp, the
  * client's affinity entry and the reverse half, and the cached next hop is
- * dropped so the packet is routed afresh. Returns 0, or -1 when the
- * reverse half could not be restored.
+ * dropped so the packet is routed afresh. Returns 0, or -1 with the drop
+ * reason in *reason when the reverse half could not be restored, or when
+ * another flow holds its reply tuple now: the flow then ends here (its
+ * entry is deleted, so ct must not be used after).
  */
 static __always_inline int flow_touch(const struct ct_key *key, struct ct_entry *ct,
 				      const struct packet *pkt, const struct datapath_config *cfg,
-				      __u64 now)
+				      __u64 now, enum stat *reason)
 {
 	if (pkt->proto == IPPROTO_TCP) {
 		__u8 next = ct_tcp_next_state(ct->tcp_state, pkt->tcp_flags);
@@ -340,7 +342,12 @@ static __always_inline int flow_touch(const struct ct_key *key, struct ct_entry 
 	case NAT_PORT_MOVED:
 		count(STAT_NAT_PORT_MOVED, 0);
 		break;
+	case NAT_TAKEN:
+		bpf_map_delete_elem(&conntrack, key);
+		*reason = STAT_DROP_REPLY_TUPLE_TAKEN;
+		return -1;
 	default:
+		*reason = STAT_DROP_CT_FULL;
 		return -1;
 	}
 	return 0;

@@ -641,29 +641,44 @@ static __always_inline int snat_claim(const struct ct_key *flow, struct ct_entry
 	return c.result;
 }
 
+/* Does another live flow than `flow` hold reply tuple `key` in the nat
+ * map (found: its entry there)? */
+static __always_inline int reply_tuple_taken(const struct ct_key *flow, const struct nat_key *key,
+					     const struct nat_entry *found,
+					     const struct datapath_config *cfg, __u64 now)
+{
+	return found && !nat_entry_matches(found, flow) &&
+	       !reverse_holder_gone(key, found, found->flags & CT_F_SNAT, cfg, now);
+}
+
 /*
- * Claim the reply tuple of a flow without SNAT (backend -> the client's
- * own address and port) in the nat map. A live flow of another frontend
- * may hold it: the same client address and port sent to two frontends
- * with the same backend, which would then see one connection where there
- * are two. The later flow is refused (-3) rather than take the earlier
- * one's replies. (Netfilter's conntrack remaps the source port instead.)
+ * Put the reverse half of a flow without SNAT (reply tuple backend -> the
+ * client's own address and port) into the nat map, unless another live
+ * flow holds the tuple: the same client address and port sent to two
+ * frontends with the same backend, which would then see one connection
+ * where there are two. Whoever holds the tuple keeps it; the other flow
+ * is refused (netfilter's conntrack would remap its source port). Returns
+ * 0, -2 when there was no room, -3 when the tuple is taken. Where there is
+ * no entry, an insert another CPU makes first for the same tuple is not
+ * overwritten; two CPUs replacing a dead holder's entry at once both
+ * succeed, the later write holding the tuple.
  */
-static __always_inline int dnat_claim(const struct ct_key *flow, const struct nat_key *key,
-				      const struct nat_entry *entry,
-				      const struct datapath_config *cfg, __u64 now)
+static __always_inline int dnat_put(const struct ct_key *flow, const struct nat_key *key,
+				    const struct nat_entry *entry,
+				    const struct datapath_config *cfg, __u64 now)
 {
 	struct nat_entry *found = bpf_map_lookup_elem(&nat, key);
 	long err;
 
-	if (found && !nat_entry_matches(found, flow) &&
-	    !reverse_holder_gone(key, found, 0, cfg, now))
+	if (reply_tuple_taken(flow, key, found, cfg, now))
 		return -3;
-	/* Without an entry to replace, an insert another CPU beats for the
-	 * same tuple fails rather than overwrite it. */
 	err = bpf_map_update_elem(&nat, key, entry, found ? BPF_ANY : BPF_NOEXIST);
-	if (err == -17 /* EEXIST */)
-		return -3;
+	if (err == -17 /* EEXIST */) {
+		/* Another CPU was first: with this flow's own packet (a
+		 * retransmission), or another flow's. */
+		found = bpf_map_lookup_elem(&nat, key);
+		return found && nat_entry_matches(found, flow) ? 0 : -3;
+	}
 	return err ? -2 : 0;
 }
 
@@ -683,7 +698,7 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 	nat_entry_of(flow, ct, &entry);
 	nat_key_of(flow, ct, &key);
 	if (!(ct->flags & CT_F_SNAT))
-		return dnat_claim(flow, &key, &entry, cfg, now);
+		return dnat_put(flow, &key, &entry, cfg, now);
 	if (cfg->snat_port_max < cfg->snat_port_min)
 		return -1;
 	return snat_claim(flow, ct, cfg, now, &key, &entry);
@@ -742,6 +757,7 @@ enum nat_check {
 	NAT_REPAIRED,   /* reverse half was missing and is back */
 	NAT_PORT_MOVED, /* lost to another flow; a new SNAT port was claimed */
 	NAT_FAILED,     /* could not be restored */
+	NAT_TAKEN,      /* no SNAT, and another live flow holds the reply tuple */
 };
 
 /* Take back a missing SNAT reverse half, with its slot locked. */
@@ -784,12 +800,20 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 	nat_key_of(flow, ct, &key);
 	nat_entry_of(flow, ct, &entry);
 	if (!(ct->flags & CT_F_SNAT)) {
-		/* Without SNAT the reply tuple is this flow's alone. */
+		/* Without SNAT the reply tuple is fixed: this flow's, unless
+		 * another flow took it while this one's reverse half was gone
+		 * (evicted). That flow keeps it (see dnat_put). */
 		found = bpf_map_lookup_elem(&nat, &key);
 		if (found && nat_entry_matches(found, flow))
 			return NAT_OK;
-		return bpf_map_update_elem(&nat, &key, &entry, BPF_ANY) == 0 ? NAT_REPAIRED
-									    : NAT_FAILED;
+		switch (dnat_put(flow, &key, &entry, cfg, now)) {
+		case 0:
+			return NAT_REPAIRED;
+		case -3:
+			return NAT_TAKEN;
+		default:
+			return NAT_FAILED;
+		}
 	}
 
 	if (!snat_port_in_range(cfg, key.dport))

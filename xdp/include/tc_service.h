@@ -85,8 +85,8 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 	case FLOW_NEW:
 		break;
 	case FLOW_TRACKED:
-		if (ct && flow_touch(&res->key, ct, pkt, cfg, now)) {
-			count(STAT_DROP_CT_FULL, skb->len);
+		if (ct && flow_touch(&res->key, ct, pkt, cfg, now, &res->reason)) {
+			count(res->reason, skb->len);
 			return TC_ACT_SHOT;
 		}
 		if (ct)
