@@ -4,6 +4,9 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/tests/packet"
 )
@@ -319,11 +322,12 @@ func TestHostReplyLeavesPodBackendsAlone(t *testing.T) {
 	}
 }
 
-// The node's own ICMP errors about packets of translated flows that it
-// received leave translated by the host reply program: a host backend's
-// port unreachable, a local pod's host unreachable. The client gets them
-// about the packet it sent, to the frontend; from the frontend when the
-// backend itself answers. Other ICMP leaves untouched.
+// The node's own ICMP errors about packets of live translated flows that
+// it received leave translated by the host reply program: a host
+// backend's port unreachable, a local pod's host unreachable. The client
+// gets them about the packet it sent, to the frontend; from the frontend
+// when the backend itself answers. Other ICMP leaves untouched, and so do
+// errors about flows that ended.
 func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
 	f := newFixture(t)
 	hostDNS := dataplane.Backend{Addr: nodeAddr, Port: 5353, Local: true, Host: true}
@@ -338,9 +342,10 @@ func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
 	hostReply := f.dp.HostReplyProgram()
 
 	toHost := udpFrame(clientAddr, 7100, lbIP, 53, "query")
-	toPod := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+	toPod := tcpFrame(clientAddr, 0, lbIP, lbPort, packet.SYN, "")
 	toPod.SrcPort = findClientPort(t, webService(), toPod, 3) // the local pod
-	for _, in := range []packet.Frame{toHost, toPod} {
+	ended := udpFrame(clientAddr, 7102, lbIP, 53, "query")
+	for _, in := range []packet.Frame{toHost, toPod, ended} {
 		if r := f.run(in.Bytes(), f.nic0); r.verdict != xdpPass {
 			t.Fatalf("%s:%d -> %s:%d: verdict %s, want PASS to the stack", in.Src, in.SrcPort, in.Dst, in.DstPort,
 				verdictName(r.verdict))
@@ -351,6 +356,14 @@ func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
 	deliveredToHost.Dst, deliveredToHost.DstPort = hostDNS.Addr, hostDNS.Port
 	deliveredToPod := toPod
 	deliveredToPod.Dst, deliveredToPod.DstPort = localPod, podPort
+	// A flow that ended (its conntrack entry evicted; its reverse half
+	// lingers): the client may now talk to the node's address directly.
+	deliveredEnded := ended
+	deliveredEnded.Dst, deliveredEnded.DstPort = hostDNS.Addr, hostDNS.Port
+	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 7102),
+		Frontend: netip.AddrPortFrom(lbIP, 53), Proto: packet.UDP})); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, tc := range []struct {
 		name string
@@ -361,10 +374,10 @@ func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
 			icmpError(f.nic0MAC, nodeAddr, clientAddr, 3, deliveredToHost),
 			icmpWant{from: lbIP, to: clientAddr, qsrc: netip.AddrPortFrom(clientAddr, 7100),
 				qdst: netip.AddrPortFrom(lbIP, 53)}},
-		{"host unreachable for a local pod",
+		{"host unreachable for a local pod, from the node's own address",
 			icmpError(f.nic0MAC, nodeAddr, clientAddr, 1, deliveredToPod),
 			icmpWant{from: nodeAddr, to: clientAddr, qsrc: netip.AddrPortFrom(clientAddr, toPod.SrcPort),
-				qdst: netip.AddrPortFrom(nodeAddr, nodePort)}},
+				qdst: netip.AddrPortFrom(lbIP, lbPort)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f.t = t
@@ -396,6 +409,7 @@ func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
 		icmp packet.Frame
 	}{
 		{"an error about an untracked packet", icmpError(f.nic0MAC, nodeAddr, clientAddr, 3, untracked)},
+		{"an error about a packet of a flow that ended", icmpError(f.nic0MAC, nodeAddr, clientAddr, 3, deliveredEnded)},
 		{"an echo reply", packet.Frame{SrcMAC: f.nic0MAC, Src: nodeAddr, Dst: clientAddr, Proto: packet.ICMP, TTL: 64,
 			ICMPType: 0, Payload: []byte("ping")}},
 	} {
@@ -409,5 +423,35 @@ func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// The host reply program runs on every packet the node sends, and TCP
+// keeps a clone of each segment it sends: a program that writes packet
+// data directly gets a prologue from the kernel that un-clones (copies)
+// every cloned packet first. The host reply program writes only through
+// helpers, so it has none. The pod program, which writes directly, shows
+// what the prologue looks like: a byte load of the skb's cloned bit from
+// the context, masked and tested, then a call to bpf_skb_pull_data.
+func TestHostReplyNeverUnclonesPackets(t *testing.T) {
+	f := newFixture(t)
+	unclones := func(p *ebpf.Program) bool {
+		t.Helper()
+		info, err := p.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		insns, err := info.Instructions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(insns) > 2 && insns[0].OpCode == asm.LoadMemOp(asm.Byte) && insns[0].Src == asm.R1 &&
+			insns[1].OpCode.ALUOp() == asm.And && insns[2].OpCode.JumpOp() == asm.JEq
+	}
+	if !unclones(f.dp.PodProgram()) {
+		t.Fatal("the pod program shows no un-clone prologue: the check below cannot tell")
+	}
+	if unclones(f.dp.HostReplyProgram()) {
+		t.Error("the host reply program un-clones every packet it runs on: it writes packet data directly")
 	}
 }

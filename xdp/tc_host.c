@@ -35,8 +35,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * reverse entry that outlived its flow, which must not take the answer.
  */
 static __always_inline int answers_live_flow(const struct nat_key *key,
-					     const struct nat_entry *rev,
-					     const struct packet *pkt, __u64 now)
+					     const struct nat_entry *rev, __u64 now)
 {
 	struct datapath_config *cfg = config_get();
 	struct ct_entry *ct, rebuilt;
@@ -46,7 +45,7 @@ static __always_inline int answers_live_flow(const struct nat_key *key,
 		return 0;
 	ct_of_nat(key, rev, now, &flow, &rebuilt);
 	ct = bpf_map_lookup_elem(&conntrack, &flow);
-	return ct && ct_answers_to(ct, key) && !ct_expired(ct, pkt->proto, cfg, now);
+	return ct && ct_answers_to(ct, key) && !ct_expired(ct, key->proto, cfg, now);
 }
 
 /* A packet the node sends from a port a host backend listens on: a reply
@@ -68,7 +67,7 @@ static __always_inline int host_reply(struct __sk_buff *skb, struct packet *pkt)
 	if (!rev || !(rev->flags & CT_F_HOST))
 		return TC_ACT_UNSPEC;
 	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK) &&
-	    !answers_live_flow(&key, rev, pkt, now))
+	    !answers_live_flow(&key, rev, now))
 		return TC_ACT_UNSPEC;
 	if (reverse_touch(&key, rev, pkt, now)) {
 		count(STAT_DROP_STALE_NAT, skb->len);
@@ -87,23 +86,51 @@ static __always_inline int host_reply(struct __sk_buff *skb, struct packet *pkt)
 	return TC_ACT_OK;
 }
 
-/*
- * An ICMP error the node itself sends about a packet of a translated flow
- * that it received: "port unreachable" from a host backend with nothing
- * listening on its port, "host unreachable" for a packet it could not
- * deliver to a local pod. It quotes the packet as translated; the client
- * gets it about the packet it sent, from the frontend (see icmp.h). Errors
- * that would have to change their destination (about a SNAT flow's packet,
- * whose source was this node) are not for here.
- */
-static __always_inline int host_icmp_error(struct __sk_buff *skb, struct packet *pkt)
-{
-	struct icmp_quote *quote = icmp_error_quote(pkt);
-	struct icmp_rewrite rw;
+/* The headers of an ICMP error the node sends, copied off the packet. */
+struct icmp_error_copy {
+	struct iphdr ip;
+	struct icmphdr icmp;
+	struct icmp_quote quote;
+};
 
-	if (!quote || icmp_about_forward(pkt, quote, &rw) || rw.daddr != pkt->daddr)
+/*
+ * An ICMP error the node itself sends about a packet of a live translated
+ * flow that it received: "port unreachable" from a host backend with
+ * nothing listening on its port, "host unreachable" for a packet it could
+ * not deliver to a local pod. It quotes the packet as translated; the
+ * client gets it about the packet it sent, from the frontend (see icmp.h).
+ * A flow that ended does not count: the client may be talking to the
+ * address the flow was translated to, directly. Errors that would have to
+ * change their destination (about a SNAT flow's packet, whose source was
+ * this node) are not for here.
+ *
+ * The headers are rewritten in a copy and stored back: a program that
+ * writes packet data directly makes the kernel un-clone every packet it
+ * runs on first, and this one runs on everything the node sends.
+ */
+static __always_inline int host_icmp_error(struct __sk_buff *skb, const struct packet *pkt)
+{
+	struct icmp_error_copy e;
+	struct icmp_rewrite rw;
+	struct nat_entry *rev;
+	struct nat_key key;
+
+	if (pkt->ip->ihl != 5 || bpf_skb_load_bytes(skb, sizeof(struct ethhdr), &e, sizeof(e)))
 		return TC_ACT_UNSPEC;
-	icmp_error_rewrite(pkt, quote, &rw);
+	if (!icmp_is_error(&e.icmp) || !icmp_quote_usable(&e.quote, pkt))
+		return TC_ACT_UNSPEC;
+	icmp_quoted_reply(&e.quote, &key);
+	rev = reverse_lookup(&key);
+	if (!rev || !answers_live_flow(&key, rev, bpf_ktime_get_coarse_ns()))
+		return TC_ACT_UNSPEC;
+	icmp_forward_rewrite(pkt, &e.quote, rev, &rw);
+	if (rw.daddr != pkt->daddr)
+		return TC_ACT_UNSPEC;
+	icmp_rewrite_headers(&e.ip, &e.icmp, &e.quote, &rw);
+	if (bpf_skb_store_bytes(skb, sizeof(struct ethhdr), &e, sizeof(e), 0)) {
+		count(STAT_DROP_ADJUST, skb->len);
+		return TC_ACT_SHOT;
+	}
 	count(STAT_ICMP_TRANSLATED, skb->len);
 	return TC_ACT_OK;
 }

@@ -53,6 +53,16 @@ static __always_inline int icmp_is_error(const struct icmphdr *icmp)
 	return icmp->type == ICMP_DEST_UNREACH || icmp->type == ICMP_TIME_EXCEEDED;
 }
 
+/* Is this the quote of a TCP or UDP packet whose source the error is
+ * addressed to (anything else is no error about our packets)? */
+static __always_inline int icmp_quote_usable(const struct icmp_quote *quote,
+					     const struct packet *pkt)
+{
+	return quote->ip.version == 4 && quote->ip.ihl == 5 &&
+	       (quote->ip.protocol == IPPROTO_TCP || quote->ip.protocol == IPPROTO_UDP) &&
+	       quote->ip.saddr == pkt->daddr;
+}
+
 /*
  * The quote of an ICMP error about a TCP or UDP packet whose source the
  * error is addressed to (anything else is no error about our packets), or
@@ -68,12 +78,31 @@ static __always_inline struct icmp_quote *icmp_error_quote(const struct packet *
 	quote = (void *)(icmp + 1);
 	if ((void *)(quote + 1) > pkt->data_end)
 		return NULL;
-	if (quote->ip.version != 4 || quote->ip.ihl != 5 ||
-	    (quote->ip.protocol != IPPROTO_TCP && quote->ip.protocol != IPPROTO_UDP))
-		return NULL;
-	if (quote->ip.saddr != pkt->daddr)
-		return NULL;
-	return quote;
+	return icmp_quote_usable(quote, pkt) ? quote : NULL;
+}
+
+/* The reply tuple a quote about a packet sent towards a backend names. */
+static __always_inline void icmp_quoted_reply(const struct icmp_quote *quote, struct nat_key *key)
+{
+	nat_key_set(key, quote->ip.daddr, quote->ip.saddr, quote->dport, quote->sport,
+		    quote->ip.protocol);
+}
+
+/* What an error about a packet sent towards a backend is rewritten to,
+ * given the reverse entry of the reply tuple its quote names. */
+static __always_inline void icmp_forward_rewrite(const struct packet *pkt,
+						 const struct icmp_quote *quote,
+						 const struct nat_entry *entry,
+						 struct icmp_rewrite *rw)
+{
+	rw->quote_saddr = entry->client_addr;
+	rw->quote_sport = entry->client_port;
+	rw->quote_daddr = entry->frontend_addr;
+	rw->quote_dport = entry->frontend_port;
+	rw->daddr = entry->client_addr;
+	rw->to_host = 0;
+	/* From the backend itself, the error now comes from the frontend. */
+	rw->saddr = pkt->saddr == quote->ip.daddr ? entry->frontend_addr : pkt->saddr;
 }
 
 /* An error about a packet sent towards a backend: the quote is a reply
@@ -85,19 +114,11 @@ static __always_inline int icmp_about_forward(const struct packet *pkt,
 	struct nat_entry *entry;
 	struct nat_key key;
 
-	nat_key_set(&key, quote->ip.daddr, quote->ip.saddr, quote->dport, quote->sport,
-		    quote->ip.protocol);
+	icmp_quoted_reply(quote, &key);
 	entry = reverse_lookup(&key);
 	if (!entry)
 		return -1;
-	rw->quote_saddr = entry->client_addr;
-	rw->quote_sport = entry->client_port;
-	rw->quote_daddr = entry->frontend_addr;
-	rw->quote_dport = entry->frontend_port;
-	rw->daddr = entry->client_addr;
-	rw->to_host = 0;
-	/* From the backend itself, the error now comes from the frontend. */
-	rw->saddr = pkt->saddr == quote->ip.daddr ? entry->frontend_addr : pkt->saddr;
+	icmp_forward_rewrite(pkt, quote, entry, rw);
 	return 0;
 }
 
@@ -144,14 +165,14 @@ static __always_inline int icmp_error_lookup(const struct packet *pkt,
 	return icmp_about_reply(pkt, quote, rw);
 }
 
-/* Rewrite an ICMP error as icmp_error_lookup said, with every checksum it
- * carries (the error's IPv4 header, the ICMP checksum over the quote, the
- * quoted IPv4 header and a quoted UDP checksum). */
-static __always_inline void icmp_error_rewrite(struct packet *pkt, struct icmp_quote *quote,
-					       const struct icmp_rewrite *rw)
+/* Rewrite the headers of an ICMP error as icmp_error_lookup said, with
+ * every checksum they carry (the error's IPv4 header, the ICMP checksum
+ * over the quote, the quoted IPv4 header and a quoted UDP checksum): in
+ * the packet, or in a copy of them. */
+static __always_inline void icmp_rewrite_headers(struct iphdr *ip, struct icmphdr *icmp,
+						 struct icmp_quote *quote,
+						 const struct icmp_rewrite *rw)
 {
-	struct iphdr *ip = pkt->ip;
-	struct icmphdr *icmp = pkt->l4;
 	__u32 quote_ip_delta = 0, icmp_delta, outer_delta = 0;
 	__u16 old_ip_check, l4_check;
 
@@ -184,6 +205,13 @@ static __always_inline void icmp_error_rewrite(struct packet *pkt, struct icmp_q
 	ip->check = csum_apply(ip->check, outer_delta);
 	ip->saddr = rw->saddr;
 	ip->daddr = rw->daddr;
+}
+
+/* Rewrite an ICMP error in the packet as icmp_error_lookup said. */
+static __always_inline void icmp_error_rewrite(struct packet *pkt, struct icmp_quote *quote,
+					       const struct icmp_rewrite *rw)
+{
+	icmp_rewrite_headers(pkt->ip, pkt->l4, quote, rw);
 	pkt->saddr = rw->saddr;
 	pkt->daddr = rw->daddr;
 }
