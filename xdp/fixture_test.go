@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
@@ -244,6 +245,36 @@ func (f *fixture) run(frame []byte, ifindex int) result {
 		f.t.Fatalf("run XDP program: %v", err)
 	}
 	return res
+}
+
+// cpuSetSize is the number of CPUs a unix.CPUSet can name (CPU_SETSIZE).
+const cpuSetSize = 1024
+
+// onOneCPU runs fn in the fixture's namespace on a thread bound to the
+// lowest CPU the test may use, for state the datapath keeps per CPU (the
+// ICMP error budget, the route cache of new flows).
+func (f *fixture) onOneCPU(fn func() error) {
+	f.t.Helper()
+	err := f.ns.Do(func() error {
+		var saved, one unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &saved); err != nil {
+			return err
+		}
+		for cpu := range cpuSetSize {
+			if saved.IsSet(cpu) {
+				one.Set(cpu)
+				break
+			}
+		}
+		if err := unix.SchedSetaffinity(0, &one); err != nil {
+			return err
+		}
+		defer unix.SchedSetaffinity(0, &saved) //nolint:errcheck // best effort: the thread goes back to the runtime
+		return fn()
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 // runXDP runs an XDP program on one frame on the calling thread, which

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/packet"
@@ -16,35 +14,6 @@ import (
 // withICMPRate loads the datapath with this ICMP error rate limit.
 func withICMPRate(rate uint32) fixtureOption {
 	return func(o *loader.Options) { o.ICMPRate = rate }
-}
-
-// cpuSetSize is the number of CPUs a unix.CPUSet can name (CPU_SETSIZE).
-const cpuSetSize = 1024
-
-// onOneCPU runs fn in the fixture's namespace on a thread bound to one
-// CPU: the ICMP error budget is per CPU.
-func (f *fixture) onOneCPU(fn func() error) {
-	f.t.Helper()
-	err := f.ns.Do(func() error {
-		var saved, one unix.CPUSet
-		if err := unix.SchedGetaffinity(0, &saved); err != nil {
-			return err
-		}
-		for cpu := range cpuSetSize {
-			if saved.IsSet(cpu) {
-				one.Set(cpu)
-				break
-			}
-		}
-		if err := unix.SchedSetaffinity(0, &one); err != nil {
-			return err
-		}
-		defer unix.SchedSetaffinity(0, &saved) //nolint:errcheck // best effort: the thread goes back to the runtime
-		return fn()
-	})
-	if err != nil {
-		f.t.Fatal(err)
-	}
 }
 
 // ICMP port unreachables the datapath builds come out of one budget per

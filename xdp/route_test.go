@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/tests/packet"
@@ -112,27 +111,10 @@ func TestNewFlowsReuseTheirBackendsRoute(t *testing.T) {
 func (f *fixture) runOnOneCPU(frame []byte, ifindex int) result {
 	f.t.Helper()
 	var res result
-	err := f.ns.Do(func() error {
-		var all, one unix.CPUSet
-		if err := unix.SchedGetaffinity(0, &all); err != nil {
-			return err
-		}
-		for cpu := 0; ; cpu++ {
-			if all.IsSet(cpu) {
-				one.Set(cpu)
-				break
-			}
-		}
-		if err := unix.SchedSetaffinity(0, &one); err != nil {
-			return err
-		}
-		defer unix.SchedSetaffinity(0, &all)
+	f.onOneCPU(func() error {
 		var err error
 		res, err = runXDP(f.prog, frame, ifindex)
 		return err
 	})
-	if err != nil {
-		f.t.Fatalf("run XDP program: %v", err)
-	}
 	return res
 }
