@@ -782,8 +782,8 @@ func TestPurgedFlowIsNotRebuiltByALateReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	removed := map[uint32]dataplane.Backend{flow.BackendID: backendRemote1}
-	if n, err := reconcile.PurgeFlows(context.Background(), f.maps, reconcile.Stale{Removed: removed}, nil); err != nil || n != 1 {
-		t.Fatalf("purged %d flows (%v), want 1", n, err)
+	if n, err := reconcile.PurgeFlows(context.Background(), f.maps, reconcile.Stale{Removed: removed}, nil); err != nil || n.Flows != 1 {
+		t.Fatalf("purged %+v (%v), want 1 flow", n, err)
 	}
 	if _, ok, _ := f.maps.Flow(flow.Key()); ok {
 		t.Fatal("the purged flow is still tracked")

@@ -203,7 +203,7 @@ func assemble(cfg Config, log *slog.Logger, src source.Source, dp *loader.Datapa
 	a.tracker = health.NewTracker(cfg.HealthTimeout, cfg.NodeName, nil)
 	a.metrics = metrics.New(a.plane, log)
 	a.hcNodes = health.NewNodePortServers(a.tracker, "", log)
-	a.purger = newFlowPurger(a.plane, log, func(ctx context.Context, dp *dataplane.Dataplane, s reconcile.Stale) (int, error) {
+	a.purger = newFlowPurger(a.plane, log, func(ctx context.Context, dp *dataplane.Dataplane, s reconcile.Stale) (reconcile.Purged, error) {
 		return reconcile.PurgeFlows(ctx, dp, s, a.rec.StillDeparted)
 	})
 	return a, nil

@@ -13,7 +13,7 @@ import (
 
 // purgeFunc forgets the tracked flows of removed and departed backends
 // (reconcile.PurgeFlows; tests replace it).
-type purgeFunc func(ctx context.Context, dp *dataplane.Dataplane, stale reconcile.Stale) (int, error)
+type purgeFunc func(ctx context.Context, dp *dataplane.Dataplane, stale reconcile.Stale) (reconcile.Purged, error)
 
 // flowPurger purges the flows of removed backends (and of backends that
 // left a service port) in the background, one purge at a time: each walks
@@ -105,14 +105,15 @@ func (p *flowPurger) run() {
 		p.queue = p.queue[1:]
 		p.mu.Unlock()
 
-		n, err := p.purge(p.ctx, p.plane, batch)
+		purged, err := p.purge(p.ctx, p.plane, batch)
 		switch {
 		case err != nil && p.ctx.Err() == nil:
 			p.log.Warn("purge stale flows", "removed_backends", len(batch.Removed),
 				"departures", len(batch.Departed), "sweep", batch.Sweep, "error", err)
-		case n > 0:
+		case purged.Flows > 0 || purged.Affinities > 0:
 			p.log.Info("stale flows purged", "removed_backends", len(batch.Removed),
-				"departures", len(batch.Departed), "sweep", batch.Sweep, "flows", n)
+				"departures", len(batch.Departed), "sweep", batch.Sweep, "flows", purged.Flows,
+				"affinities", purged.Affinities)
 		}
 	}
 }

@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"maps"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -43,7 +46,7 @@ func TestFlowPurgerMergesRemovalsDuringAPurge(t *testing.T) {
 			var mu sync.Mutex
 			var calls []batch
 			var active, most atomic.Int32
-			purge := func(ctx context.Context, _ *dataplane.Dataplane, stale reconcile.Stale) (int, error) {
+			purge := func(ctx context.Context, _ *dataplane.Dataplane, stale reconcile.Stale) (reconcile.Purged, error) {
 				removed := stale.Removed
 				if n := active.Add(1); n > most.Load() {
 					most.Store(n)
@@ -57,7 +60,7 @@ func TestFlowPurgerMergesRemovalsDuringAPurge(t *testing.T) {
 					close(started)
 					<-release
 				}
-				return len(removed), nil
+				return reconcile.Purged{Flows: len(removed)}, nil
 			}
 			p := newFlowPurger(nil, discard(), purge)
 			defer p.Stop()
@@ -97,12 +100,12 @@ func TestAgentStopWaitsForThePurge(t *testing.T) {
 	}
 	started := make(chan struct{})
 	var finished atomic.Bool
-	a.purger.purge = func(ctx context.Context, _ *dataplane.Dataplane, _ reconcile.Stale) (int, error) {
+	a.purger.purge = func(ctx context.Context, _ *dataplane.Dataplane, _ reconcile.Stale) (reconcile.Purged, error) {
 		close(started)
 		<-ctx.Done()
 		time.Sleep(100 * time.Millisecond) // a purge slow to notice
 		finished.Store(true)
-		return 0, ctx.Err()
+		return reconcile.Purged{}, ctx.Err()
 	}
 	synced := make(chan struct{}, 16)
 	a.synced = func(map[string]bool) {
@@ -149,13 +152,13 @@ func TestAgentStopWaitsForThePurge(t *testing.T) {
 func TestFlowPurgerQueuesDepartures(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	var calls []reconcile.Stale
-	purge := func(ctx context.Context, _ *dataplane.Dataplane, stale reconcile.Stale) (int, error) {
+	purge := func(ctx context.Context, _ *dataplane.Dataplane, stale reconcile.Stale) (reconcile.Purged, error) {
 		calls = append(calls, stale)
 		if len(calls) == 1 {
 			close(started)
 			<-release
 		}
-		return 0, nil
+		return reconcile.Purged{}, nil
 	}
 	p := newFlowPurger(nil, discard(), purge)
 	defer p.Stop()
@@ -169,5 +172,36 @@ func TestFlowPurgerQueuesDepartures(t *testing.T) {
 	p.done.Wait()
 	if len(calls) != 2 || len(calls[1].Departed) != 1 || calls[1].Departed[0] != left || len(calls[1].Removed) != 1 {
 		t.Fatalf("purges %+v, want the departure and the second removal in the second", calls)
+	}
+}
+
+// A purge that deleted anything says so, affinity entries alone included
+// (a backend that left a service port whose clients have affinity, its
+// flows kept); one that deleted nothing says nothing.
+func TestFlowPurgerLogsWhatItDeleted(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		purged reconcile.Purged
+		want   string // in the log; "" for no log line
+	}{
+		{"flows", reconcile.Purged{Flows: 3}, "flows=3 affinities=0"},
+		{"affinity entries only", reconcile.Purged{Affinities: 2}, "flows=0 affinities=2"},
+		{"nothing", reconcile.Purged{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&out, nil))
+			p := newFlowPurger(nil, log, func(context.Context, *dataplane.Dataplane, reconcile.Stale) (reconcile.Purged, error) {
+				return tc.purged, nil
+			})
+			b := dataplane.Backend{Addr: netip.MustParseAddr("10.0.0.5"), Port: 8080}
+			p.Add(reconcile.Stale{Departed: []reconcile.Departure{{SvcID: 3, BackendID: 5, Backend: b, AffinityOnly: true}}})
+			p.done.Wait()
+			p.Stop()
+			got := out.String()
+			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
+				t.Errorf("log %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

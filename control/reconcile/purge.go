@@ -53,11 +53,11 @@ type departureKey struct{ svc, backend uint32 }
 // purge runs after the Apply that reported it, and a backend that came
 // back meanwhile keeps what it got since. Affinity entries go first, so
 // no client is led back to a departed backend while its flows are being
-// purged. It returns the number of flows purged (affinity entries deleted
-// are not counted).
-func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still func(Departure) bool) (int, error) {
+// purged. It returns how many flows and affinity entries it deleted.
+func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still func(Departure) bool) (Purged, error) {
+	var purged Purged
 	if stale.Empty() {
-		return 0, nil
+		return purged, nil
 	}
 	affinity := map[departureKey]dataplane.Backend{}
 	departed := map[departureKey]dataplane.Backend{}
@@ -78,17 +78,18 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still
 			Backend: dataplane.Backend{Addr: ap.Addr(), Port: ap.Port()}, AffinityOnly: affinityOnly})
 	}
 	if len(affinity) > 0 || stale.Sweep {
-		_, err := dp.DeleteAffinities(func(e dataplane.AffinityEntry) bool {
+		n, err := dp.DeleteAffinities(func(e dataplane.AffinityEntry) bool {
 			b, ok := affinity[departureKey{e.SvcID, e.BackendID}]
 			return ok && b.Addr == e.Backend.Addr() && b.Port == e.Backend.Port() ||
 				swept(e.SvcID, e.BackendID, e.Backend, true)
 		})
+		purged.Affinities = n
 		if err != nil {
-			return 0, err
+			return purged, err
 		}
 	}
 	if len(stale.Removed) == 0 && len(departed) == 0 && !stale.Sweep {
-		return 0, nil
+		return purged, nil
 	}
 	same := func(b dataplane.Backend, ok bool, f dataplane.Flow) bool {
 		return ok && b.Addr == f.Backend.Addr() && b.Port == f.Backend.Port()
@@ -103,17 +104,22 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still
 		return ctx.Err() == nil
 	})
 	if err != nil {
-		return 0, err
+		return purged, err
 	}
-	n := 0
 	for _, f := range flows {
 		if err := ctx.Err(); err != nil {
-			return n, err
+			return purged, err
 		}
 		if err := dp.DeleteFlow(f); err != nil {
-			return n, err
+			return purged, err
 		}
-		n++
+		purged.Flows++
 	}
-	return n, nil
+	return purged, nil
+}
+
+// Purged is what a purge deleted: tracked flows (both halves) and ClientIP
+// affinity entries.
+type Purged struct {
+	Flows, Affinities int
 }

@@ -607,8 +607,8 @@ func TestSweepAfterRestart(t *testing.T) {
 		t.Fatalf("the first Apply reported departures %+v: it has nothing to compare with", res.Departed)
 	}
 	n, err := reconcile.PurgeFlows(context.Background(), dp, reconcile.Stale{Sweep: true}, after.StillDeparted)
-	if err != nil || n != 1 {
-		t.Fatalf("swept %d flows (%v), want 1", n, err)
+	if err != nil || n.Flows != 1 {
+		t.Fatalf("swept %+v (%v), want 1 flow", n, err)
 	}
 	flows := map[uint16]bool{}
 	dp.Flows(func(f dataplane.Flow) bool { flows[f.Client.Port()] = true; return true })
@@ -684,8 +684,8 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 	}
 	still := func(d reconcile.Departure) bool { return d != back }
 	n, err := reconcile.PurgeFlows(context.Background(), dp, stale, still)
-	if err != nil || n != 2 {
-		t.Fatalf("purged %d flows (%v), want 2", n, err)
+	if err != nil || n != (reconcile.Purged{Flows: 2, Affinities: 2}) {
+		t.Fatalf("purged %+v (%v), want 2 flows and 2 affinity entries", n, err)
 	}
 	var e xdp.NicAffinityEntry
 	for _, svc := range []uint32{2, 3} {
