@@ -276,25 +276,35 @@ func TestHostNetworkBackend(t *testing.T) {
 
 // A host-network backend with nothing listening on its UDP port: the
 // node's port unreachable quotes the datagram as translated, and the host
-// reply program translates it back, so a client's connected socket to the
-// LoadBalancer IP or the NodePort sees "connection refused" rather than
-// waiting for an answer.
+// reply program translates it back, so a connected socket to the service
+// sees "connection refused" rather than waiting for an answer: a client
+// outside through the NIC, a pod on the node through its interface.
 func TestHostNetworkBackendRefusesUnservedUDP(t *testing.T) {
 	s := newSandbox(t, 0, 1)
 	host := &topology.Pod{NS: s.topo.Edge.NS, Name: "edge-host", Addr: topology.EdgeAddr, Node: s.topo.Edge}
-	s.write(shop(host)) // no server started: nothing listens on the node
+	svc := shop(host)
+	s.write(svc) // no server started: nothing listens on the node
 	s.startAgent()
-	for _, target := range []string{addr(lbIP, 53), addr(topology.EdgeAddr, 30053)} {
-		c, err := s.topo.Client.Dial("udp4", target, net.Dialer{})
+	for _, c := range []struct {
+		from   *netns.NS
+		target string
+	}{
+		{s.topo.Client, addr(lbIP, 53)},
+		{s.topo.Client, addr(topology.EdgeAddr, 30053)},
+		{s.local[0].NS, svc.ClusterIP + ":53"},
+		{s.local[0].NS, addr(lbIP, 53)},
+	} {
+		conn, err := c.from.Dial("udp4", c.target, net.Dialer{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Write([]byte("q"))
-		c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		_, err = c.Read(make([]byte, 10))
-		c.Close()
+		conn.Write([]byte("q"))
+		conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = conn.Read(make([]byte, 10))
+		conn.Close()
 		if !errors.Is(err, syscall.ECONNREFUSED) {
-			t.Errorf("UDP to %s: %v, want connection refused (the node's port unreachable, translated)", target, err)
+			t.Errorf("UDP %s -> %s: %v, want connection refused (the node's port unreachable, translated)",
+				c.from.Name, c.target, err)
 		}
 	}
 }
