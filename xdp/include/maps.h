@@ -396,6 +396,9 @@ struct maglev_table {
 	__type(value, __u32);
 };
 
+/* Tables by id: a cluster-wide and a node-local one per service port id
+ * (2 * svc_id - 1 and 2 * svc_id), so the loader sizes it 2 x
+ * --services-max. An array, not a hash: the verifier inlines its lookup. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, 1024);
