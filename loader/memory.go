@@ -33,8 +33,6 @@ func (o Options) MapMemory() (map[string]uint64, error) {
 		switch ms.Type {
 		case ebpf.Hash, ebpf.LRUHash:
 			out[name] = entries * (key + value + 48) // htab_elem with its LRU node, and a bucket
-		case ebpf.HashOfMaps:
-			out[name] = entries * (key + 8 + 48)
 		case ebpf.ArrayOfMaps:
 			out[name] = entries * 8 // a pointer per slot
 		case ebpf.LPMTrie:

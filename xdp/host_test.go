@@ -389,16 +389,7 @@ func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
 			if verdict != tcActOK {
 				t.Fatalf("verdict %d, want TC_ACT_OK", int32(verdict))
 			}
-			out := decode(t, raw)
-			if out.ICMPType != tc.icmp.ICMPType || out.ICMPCode != tc.icmp.ICMPCode {
-				t.Errorf("ICMP type %d code %d, want %d %d", out.ICMPType, out.ICMPCode, tc.icmp.ICMPType, tc.icmp.ICMPCode)
-			}
-			if out.Src != tc.want.from || out.Dst != tc.want.to {
-				t.Errorf("error %s -> %s, want %s -> %s", out.Src, out.Dst, tc.want.from, tc.want.to)
-			}
-			if src, dst := quoteOf(t, out); src != tc.want.qsrc || dst != tc.want.qdst {
-				t.Errorf("quote %s -> %s, want %s -> %s (what the client sent)", src, dst, tc.want.qsrc, tc.want.qdst)
-			}
+			expectTranslatedICMP(t, raw, tc.icmp, tc.want)
 		})
 	}
 

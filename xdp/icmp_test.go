@@ -38,6 +38,24 @@ type icmpWant struct {
 	qsrc, qdst netip.AddrPort // the quoted packet's: what the other end sent
 }
 
+// expectTranslatedICMP checks a translated error (raw) against what the
+// error as sent (in) and want say: type, code and the rest of the ICMP
+// header kept, its own addresses and the quote's rewritten.
+func expectTranslatedICMP(t *testing.T, raw []byte, in packet.Frame, want icmpWant) {
+	t.Helper()
+	out := decode(t, raw)
+	if out.Proto != packet.ICMP || out.ICMPType != in.ICMPType || out.ICMPCode != in.ICMPCode ||
+		out.ICMPRest != in.ICMPRest {
+		t.Errorf("ICMP type %d code %d rest %x, want them kept", out.ICMPType, out.ICMPCode, out.ICMPRest)
+	}
+	if out.Src != want.from || out.Dst != want.to {
+		t.Errorf("error %s -> %s, want %s -> %s", out.Src, out.Dst, want.from, want.to)
+	}
+	if src, dst := quoteOf(t, out); src != want.qsrc || dst != want.qdst {
+		t.Errorf("quote %s -> %s, want %s -> %s (what the other end sent)", src, dst, want.qsrc, want.qdst)
+	}
+}
+
 // startRemoteFlow sends a client's SYN to the NodePort that Maglev gives
 // the remote backend 1 and returns it and the SNATed frame that left.
 func startRemoteFlow(t *testing.T, f *fixture) (in, sent packet.Frame) {
@@ -167,17 +185,7 @@ func TestICMPErrorsReachTheOtherEnd(t *testing.T) {
 					}
 				}
 			})
-			out := decode(t, raw)
-			if out.Proto != packet.ICMP || out.ICMPType != icmp.ICMPType || out.ICMPCode != icmp.ICMPCode ||
-				out.ICMPRest != icmp.ICMPRest {
-				t.Errorf("ICMP type %d code %d rest %x, want them kept", out.ICMPType, out.ICMPCode, out.ICMPRest)
-			}
-			if out.Src != want.from || out.Dst != want.to {
-				t.Errorf("error %s -> %s, want %s -> %s", out.Src, out.Dst, want.from, want.to)
-			}
-			if src, dst := quoteOf(t, out); src != want.qsrc || dst != want.qdst {
-				t.Errorf("quote %s -> %s, want %s -> %s (what the other end sent)", src, dst, want.qsrc, want.qdst)
-			}
+			expectTranslatedICMP(t, raw, icmp, want)
 		})
 	}
 }

@@ -248,30 +248,25 @@ func (d *Dataplane) TableIDs() ([]uint32, error) {
 }
 
 // eachTable calls fn with the id and inner map id of every installed
-// table. The array of maps is read in batches, which skip its empty slots
-// (since Linux 6.14): one lookup per slot costs a system call for each of
-// the 2 × --services-max ids. Before 6.14 a batch stops at the first empty
-// slot, and id 0 is never used, so the first batch fails without an entry:
-// the slots are then read one at a time.
+// table. The array of maps is read in batches (eachEntry), which skip its
+// empty slots since Linux 6.14: one lookup per slot costs a system call
+// for each of the 2 × --services-max ids. Before 6.14 a batch stops at the
+// first empty slot, and id 0 is never used, so the first batch fails
+// without an entry: the slots are then read one at a time.
 func (d *Dataplane) eachTable(fn func(id, innerID uint32)) error {
-	ids := make([]uint32, flowBatch)
-	inner := make([]uint32, flowBatch)
-	var cursor ebpf.MapBatchCursor
-	for first := true; ; first = false {
-		n, err := d.m.MaglevTables.BatchLookup(&cursor, ids, inner, nil)
-		if err != nil && first && n == 0 && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return d.eachTableByLookups(fn)
-		}
-		for i := range n {
-			fn(ids[i], inner[i])
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read tables: %w", err)
-		}
+	seen := false
+	err := eachEntry(d.m.MaglevTables, func(id, innerID uint32) bool {
+		seen = true
+		fn(id, innerID)
+		return true
+	})
+	if err != nil && !seen {
+		return d.eachTableByLookups(fn)
 	}
+	if err != nil {
+		return fmt.Errorf("read tables: %w", err)
+	}
+	return nil
 }
 
 func (d *Dataplane) eachTableByLookups(fn func(id, innerID uint32)) error {
