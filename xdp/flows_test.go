@@ -1158,9 +1158,10 @@ func TestBusyBackendsDoNotShareSNATBuckets(t *testing.T) {
 // A client that sends from one address and port to two frontends of a
 // service whose backend is local (DNAT only) would give the backend two
 // connections with one reply tuple. Whichever flow holds the tuple keeps
-// it: a later flow is refused with a counted drop, and so is a flow whose
-// reverse half was evicted and taken meanwhile; once the holder is gone,
-// the tuple is free again.
+// it: a later flow's SYN is a counted drop, a TCP packet mid-connection is
+// answered with a RST (the connection cannot go on), and a flow whose
+// reverse half was evicted and taken meanwhile ends at its next check,
+// with a RST too; once the holder is gone, the tuple is free again.
 func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	f := newFixture(t)
 	svc := webService()
@@ -1190,6 +1191,9 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
 		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpDrop)
 	})
+	midConnection := toLB
+	midConnection.Flags = packet.ACK
+	f.expectReset(midConnection, "rst_reply_tuple_taken")
 	repliesLeaveAs(netip.AddrPortFrom(nodeAddr, nodePort))
 
 	// Another client port has a reply tuple of its own.
@@ -1212,8 +1216,8 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 
 	// Now the other way round: the LB flow's reverse half is evicted and
 	// a NodePort flow takes the tuple. The LB flow's next check finds it
-	// held: that flow ends there (a counted drop, its entry deleted)
-	// instead of taking the tuple back, once a second, in turn.
+	// held: that flow ends there (a RST, its entry deleted) instead of
+	// taking the tuple back, once a second, in turn.
 	second := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
 		Frontend: netip.AddrPortFrom(lbIP, lbPort), Proto: packet.TCP}
 	if err := f.dp.Maps.NAT.Delete(replyTuple); err != nil {
@@ -1224,14 +1228,71 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	})
 	repliesLeaveAs(netip.AddrPortFrom(nodeAddr, nodePort))
 	f.ageFlow(second)
-	ack := toLB
-	ack.Flags = packet.ACK
-	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
-		f.expectVerdict(f.run(ack.Bytes(), f.nic0), xdpDrop)
-	})
+	f.expectReset(midConnection, "rst_reply_tuple_taken")
 	repliesLeaveAs(netip.AddrPortFrom(nodeAddr, nodePort))
 	var gone xdp.NicCtEntry
 	if err := f.dp.Maps.Conntrack.Lookup(ctKeyOf(second), &gone); err == nil {
 		t.Errorf("the flow that lost its reply tuple is still tracked: %+v", gone)
+	}
+	// A RST from the client is never answered with one.
+	rst := toLB
+	rst.Flags = packet.RST
+	f.expectCounters(map[string]uint64{"rst_reply_tuple_taken": 1}, func() {
+		f.expectVerdict(f.run(rst.Bytes(), f.nic0), xdpDrop)
+	})
+}
+
+// expectReset runs a TCP packet from a client through the NIC program
+// and expects a RST back to the client, counted once as counter.
+func (f *fixture) expectReset(in packet.Frame, counter string) {
+	f.t.Helper()
+	var r result
+	f.expectCounters(map[string]uint64{counter: 1}, func() {
+		r = f.run(in.Bytes(), f.nic0)
+	})
+	f.expectVerdict(r, xdpTX)
+	out := decode(f.t, r.out)
+	if out.Flags&packet.RST == 0 || out.Dst != in.Src || out.DstPort != in.SrcPort {
+		f.t.Fatalf("want a RST to %s:%d, got flags %#x to %s:%d", in.Src, in.SrcPort,
+			out.Flags, out.Dst, out.DstPort)
+	}
+}
+
+// UDP has no connection to reset: a datagram whose reply tuple another
+// live flow holds is dropped, counted, whether its flow is new or lost
+// the tuple while tracked.
+func TestReplyTupleTakenUDPIsDropped(t *testing.T) {
+	f := newFixture(t)
+	dns := udpService()
+	dns.backends = map[uint32]dataplane.Backend{13: {Addr: localPod, Port: 53, Local: true}}
+	dns.table = []uint32{13, 13, 13, 13, 13, 13, 13}
+	dns.frontends = append(dns.frontends, dataplane.FrontendKey{Addr: lbIP, Port: 53, Proto: packet.UDP})
+	f.program(dns)
+	const clientPort = 7101
+	toNodePort := udpFrame(clientAddr, clientPort, nodeAddr, 30053, "q")
+	toLB := udpFrame(clientAddr, clientPort, lbIP, 53, "q")
+	f.expectCounters(map[string]uint64{"new_flow": 1, "pass_to_stack": 1}, func() {
+		f.expectVerdict(f.run(toNodePort.Bytes(), f.nic0), xdpPass)
+	})
+	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpDrop)
+	})
+
+	replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(53),
+		Daddr: xdp.AddrToNet(clientAddr), Dport: xdp.PortToNet(clientPort), Proto: packet.UDP}
+	first := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
+		Frontend: netip.AddrPortFrom(nodeAddr, 30053), Proto: packet.UDP}
+	if err := f.dp.Maps.NAT.Delete(replyTuple); err != nil {
+		t.Fatal(err)
+	}
+	f.expectCounters(map[string]uint64{"new_flow": 1, "pass_to_stack": 1}, func() {
+		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpPass)
+	})
+	f.ageFlow(first)
+	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+		f.expectVerdict(f.run(toNodePort.Bytes(), f.nic0), xdpDrop)
+	})
+	if _, ok, _ := f.maps.Flow(first); ok {
+		t.Error("the UDP flow that lost its reply tuple is still tracked")
 	}
 }

@@ -334,7 +334,8 @@ const (
 	NicStatSTAT_PASS_TO_HOST           NicStat = 41
 	NicStatSTAT_HOST_REPLY             NicStat = 42
 	NicStatSTAT_DROP_REPLY_TUPLE_TAKEN NicStat = 43
-	NicStatSTAT_MAX                    NicStat = 44
+	NicStatSTAT_RST_REPLY_TUPLE_TAKEN  NicStat = 44
+	NicStatSTAT_MAX                    NicStat = 45
 )
 
 type NicSvcCounter struct {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/tests/packet"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 var (
@@ -166,6 +167,67 @@ func TestPodFlowToGoneBackendIsReset(t *testing.T) {
 	}
 	if rst := decode(t, raw); rst.Flags&packet.RST == 0 || rst.Dst != podAddr {
 		t.Fatalf("want a RST to the pod, got flags %#x to %s", rst.Flags, rst.Dst)
+	}
+}
+
+// A pod reaching one backend through two ClusterIPs from one source port:
+// the second flow's reply tuple is the first's (a pod's flows are not
+// source-NATed), so its SYN is a counted drop and a packet mid-connection
+// gets a RST back to the pod.
+func TestPodFlowWithATakenReplyTupleIsReset(t *testing.T) {
+	f := newFixture(t)
+	svc := clusterService(packet.TCP, 80, backendRemote1)
+	secondIP := netip.MustParseAddr("10.96.0.20")
+	svc.frontends = append(svc.frontends, dataplane.FrontendKey{Addr: secondIP, Port: 80, Proto: packet.TCP})
+	f.program(svc)
+	first := tcpFrame(podAddr, 34580, clusterIP, 80, packet.SYN, "")
+	first.SrcMAC = localPodMAC
+	f.expectCounters(map[string]uint64{"new_flow": 1, "tc_redirect": 1}, func() {
+		f.runTC(f.dp.PodProgram(), first.Bytes(), f.pod0)
+	})
+
+	second := first
+	second.Dst = secondIP
+	var synVerdict uint32
+	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+		synVerdict, _ = f.runTC(f.dp.PodProgram(), second.Bytes(), f.pod0)
+	})
+	if synVerdict != tcActShot {
+		t.Fatalf("SYN: verdict %d, want shot", int32(synVerdict))
+	}
+	second.Flags = packet.ACK
+	var verdict uint32
+	var raw []byte
+	f.expectCounters(map[string]uint64{"rst_reply_tuple_taken": 1}, func() {
+		verdict, raw = f.runTC(f.dp.PodProgram(), second.Bytes(), f.pod0)
+	})
+	if verdict != tcActRedirect {
+		t.Fatalf("verdict %d, want the RST redirected back", int32(verdict))
+	}
+	if rst := decode(t, raw); rst.Flags&packet.RST == 0 || rst.Dst != podAddr || rst.Src != secondIP {
+		t.Fatalf("want a RST from %s to the pod, got flags %#x from %s to %s", secondIP, rst.Flags, rst.Src, rst.Dst)
+	}
+
+	// The first flow's reverse half is evicted and the second flow takes
+	// the tuple: the first ends at its next check, with a RST too.
+	replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Sport: xdp.PortToNet(backendRemote1.Port),
+		Daddr: xdp.AddrToNet(podAddr), Dport: xdp.PortToNet(first.SrcPort), Proto: packet.TCP}
+	if err := f.dp.Maps.NAT.Delete(replyTuple); err != nil {
+		t.Fatal(err)
+	}
+	second.Flags = packet.SYN
+	f.expectCounters(map[string]uint64{"new_flow": 1, "tc_redirect": 1}, func() {
+		f.runTC(f.dp.PodProgram(), second.Bytes(), f.pod0)
+	})
+	f.ageFlow(dataplane.FlowKey{Client: netip.AddrPortFrom(podAddr, first.SrcPort),
+		Frontend: netip.AddrPortFrom(clusterIP, 80), Proto: packet.TCP})
+	first.Flags = packet.ACK
+	f.expectCounters(map[string]uint64{"rst_reply_tuple_taken": 1}, func() {
+		verdict, raw = f.runTC(f.dp.PodProgram(), first.Bytes(), f.pod0)
+	})
+	if rst := decode(t, raw); verdict != tcActRedirect || rst.Flags&packet.RST == 0 || rst.Src != clusterIP {
+		t.Fatalf("verdict %d, flags %#x from %s: want a RST from %s redirected back",
+			int32(verdict), rst.Flags, rst.Src, clusterIP)
 	}
 }
 

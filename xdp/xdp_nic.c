@@ -63,17 +63,18 @@ static __always_inline int refuse(struct xdp_md *ctx, struct packet *pkt)
 	return verdict;
 }
 
-/* A tracked TCP flow lost its backend mid-connection: tell the client. */
-static __always_inline int reset_backend_gone(struct xdp_md *ctx, struct packet *pkt)
+/* A TCP connection that cannot go on (its backend is gone, say): tell the
+ * client, counted as reason. */
+static __always_inline int reset_client(struct xdp_md *ctx, struct packet *pkt, enum stat reason)
 {
 	__u32 bytes = pkt->len;
 	int verdict;
 
 	if (pkt->tcp_flags & TCP_FLAG_RST)
-		return drop(STAT_RST_BACKEND_GONE, bytes);
+		return drop(reason, bytes);
 	verdict = xdp_reply_tcp_rst(ctx, pkt);
 	if (verdict == XDP_TX)
-		count(STAT_RST_BACKEND_GONE, bytes);
+		count(reason, bytes);
 	return verdict;
 }
 
@@ -139,8 +140,8 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		return drop(res->reason, pkt->len);
 	case FLOW_REFUSE:
 		return refuse(ctx, pkt);
-	case FLOW_RST_GONE:
-		return reset_backend_gone(ctx, pkt);
+	case FLOW_RESET:
+		return reset_client(ctx, pkt, res->reason);
 	case FLOW_NEW:
 		/* ct is the new entry, with the next hop flow_start found. */
 		if (!ct)
@@ -151,8 +152,14 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		 * check, the rewrite and a cached next hop. */
 		if (!ct)
 			return drop(STAT_DROP_CT_FULL, pkt->len);
-		if (flow_touch(&res->key, ct, pkt, cfg, now, &res->reason))
+		switch (flow_touch(&res->key, ct, pkt, cfg, now, &res->reason)) {
+		case FLOW_TRACKED:
+			break;
+		case FLOW_RESET:
+			return reset_client(ctx, pkt, res->reason);
+		default:
 			return drop(res->reason, pkt->len);
+		}
 		count_service(ct->svc_id, pkt->len, 0);
 		break;
 	}

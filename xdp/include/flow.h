@@ -32,7 +32,7 @@ enum flow_verdict {
 	FLOW_TRACKED,  /* follow res->ct, a live conntrack entry */
 	FLOW_NEW,      /* a new flow: res->ct points at res->fresh, tracked */
 	FLOW_REFUSE,   /* no usable backend: refuse the client */
-	FLOW_RST_GONE, /* mid-connection TCP whose backend is gone: RST */
+	FLOW_RESET,    /* mid-connection TCP that cannot go on: RST, counted as res->reason */
 	FLOW_DROP,     /* drop, counted as res->reason */
 	FLOW_PASS,     /* not service traffic for this hook: res->reason */
 };
@@ -109,6 +109,13 @@ static __always_inline int ct_usable(const struct ct_entry *ct, const struct pac
 
 /* Whether a port's bit is set in a port bitmap (frontend_ports,
  * host_backend_ports). */
+/* A TCP packet without SYN: part of a connection under way, which a RST
+ * ends at the client at once. */
+static __always_inline int tcp_mid_connection(const struct packet *pkt)
+{
+	return pkt->proto == IPPROTO_TCP && !(pkt->tcp_flags & TCP_FLAG_SYN);
+}
+
 static __always_inline int port_in_bitmap(void *bitmap, __be16 port)
 {
 	__u32 p = bpf_ntohs(port), word = p / 64;
@@ -233,6 +240,12 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 
 	err = nat_claim(&res->key, fresh, cfg, now);
 	if (err) {
+		if (err == -3 && tcp_mid_connection(pkt)) {
+			/* The backend has a connection from this client port
+			 * already, another flow's: this one cannot go on. */
+			res->reason = STAT_RST_REPLY_TUPLE_TAKEN;
+			return FLOW_RESET;
+		}
 		if (err == -1)
 			res->reason = STAT_DROP_NAT_EXHAUSTED;
 		else if (err == -3)
@@ -296,11 +309,12 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
 			return FLOW_TRACKED;
 		}
 		if (!ct_expired(ct, pkt->proto, cfg, now) && !ct_backend_alive(ct) &&
-		    pkt->proto == IPPROTO_TCP && !(pkt->tcp_flags & TCP_FLAG_SYN)) {
+		    tcp_mid_connection(pkt)) {
 			/* Mid-connection and its backend is gone: tell the client. */
 			nat_release(&res->key, ct);
 			bpf_map_delete_elem(&conntrack, &res->key);
-			return FLOW_RST_GONE;
+			res->reason = STAT_RST_BACKEND_GONE;
+			return FLOW_RESET;
 		}
 		nat_release(&res->key, ct);
 		bpf_map_delete_elem(&conntrack, &res->key);
@@ -312,12 +326,13 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
  * Keep a tracked flow's entry current for this packet: TCP state on every
  * packet (written only on change); once a second the timestamp, the
  * client's affinity entry and the reverse half, and the cached next hop is
- * dropped so the packet is routed afresh. Returns 0, or -1 with the drop
- * reason in *reason when the reverse half could not be restored, or when
- * another flow holds its reply tuple now: the flow then ends here (its
- * entry is deleted, so ct must not be used after).
+ * dropped so the packet is routed afresh. Returns FLOW_TRACKED to go on;
+ * FLOW_DROP with the reason in *reason when the reverse half could not be
+ * restored; and when another flow holds its reply tuple now, the flow ends
+ * here (its entry is deleted, so ct must not be used after): FLOW_RESET
+ * for TCP mid-connection, FLOW_DROP otherwise.
  */
-static __always_inline int flow_touch(const struct ct_key *key, struct ct_entry *ct,
+static __always_inline enum flow_verdict flow_touch(const struct ct_key *key, struct ct_entry *ct,
 				      const struct packet *pkt, const struct datapath_config *cfg,
 				      __u64 now, enum stat *reason)
 {
@@ -328,7 +343,7 @@ static __always_inline int flow_touch(const struct ct_key *key, struct ct_entry 
 			ct->tcp_state = next;
 	}
 	if (now - ct->last_seen_ns <= NSEC_PER_SEC)
-		return 0;
+		return FLOW_TRACKED;
 	ct->last_seen_ns = now;
 	ct->hop.ifindex = 0;
 	if (ct->flags & CT_F_AFFINITY)
@@ -344,13 +359,17 @@ static __always_inline int flow_touch(const struct ct_key *key, struct ct_entry 
 		break;
 	case NAT_TAKEN:
 		bpf_map_delete_elem(&conntrack, key);
+		if (tcp_mid_connection(pkt)) {
+			*reason = STAT_RST_REPLY_TUPLE_TAKEN;
+			return FLOW_RESET;
+		}
 		*reason = STAT_DROP_REPLY_TUPLE_TAKEN;
-		return -1;
+		return FLOW_DROP;
 	default:
 		*reason = STAT_DROP_CT_FULL;
-		return -1;
+		return FLOW_DROP;
 	}
-	return 0;
+	return FLOW_TRACKED;
 }
 
 /* The address and port a tracked flow's packets leave with. */

@@ -302,6 +302,7 @@ enum stat {
 	STAT_PASS_TO_HOST,        /* translated for a backend at this node's address: to the stack */
 	STAT_HOST_REPLY,          /* the host's reply as such a backend translated on its way out */
 	STAT_DROP_REPLY_TUPLE_TAKEN, /* no SNAT, and another live flow has the same reply tuple */
+	STAT_RST_REPLY_TUPLE_TAKEN, /* the same, TCP mid-connection: RST sent */
 	STAT_MAX,
 };
 

@@ -80,17 +80,23 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 	case FLOW_REFUSE:
 		return skb_refuse(skb, pkt,
 				  pkt->proto == IPPROTO_TCP ? STAT_REJECT_TCP : STAT_REJECT_ICMP);
-	case FLOW_RST_GONE:
-		return skb_refuse(skb, pkt, STAT_RST_BACKEND_GONE);
+	case FLOW_RESET:
+		return skb_refuse(skb, pkt, res->reason);
 	case FLOW_NEW:
 		break;
 	case FLOW_TRACKED:
-		if (ct && flow_touch(&res->key, ct, pkt, cfg, now, &res->reason)) {
+		if (!ct)
+			break;
+		switch (flow_touch(&res->key, ct, pkt, cfg, now, &res->reason)) {
+		case FLOW_TRACKED:
+			break;
+		case FLOW_RESET:
+			return skb_refuse(skb, pkt, res->reason);
+		default:
 			count(res->reason, skb->len);
 			return TC_ACT_SHOT;
 		}
-		if (ct)
-			count_service(ct->svc_id, skb->len, 0);
+		count_service(ct->svc_id, skb->len, 0);
 		break;
 	}
 	if (!ct) {
