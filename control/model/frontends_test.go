@@ -145,18 +145,6 @@ func TestFrontends(t *testing.T) {
 			problems: []string{"spec.clusterIPs[0]"},
 		},
 		{
-			name:     "IPv6 single-stack Service has no IPv4 frontend",
-			svc:      newService("web", withClusterIPs("fd00::10")),
-			want:     nil,
-			problems: []string{"spec.clusterIPs[0]"},
-		},
-		{
-			name:     "invalid cluster IP",
-			svc:      newService("web", withClusterIPs("10.96.0.300")),
-			want:     nil,
-			problems: []string{"spec.clusterIPs[0]"},
-		},
-		{
 			name: "an external IP equal to the LoadBalancer IP is one frontend",
 			svc: newService("web", withType(corev1.ServiceTypeLoadBalancer),
 				withIngress("203.0.113.7"), withExternalIPs("203.0.113.7")),
@@ -320,6 +308,53 @@ func TestFrontendConflicts(t *testing.T) {
 				if i < len(probs) && (probs[i].Object != k || !strings.Contains(probs[i].Message, "also claimed")) {
 					t.Errorf("problem %v, want one for %s", probs[i], k)
 				}
+			}
+		})
+	}
+}
+
+// A Service without an IPv4 cluster IP (IPv6 single-stack) belongs to the
+// other family's proxier, as with kube-proxy: none of its ports is
+// programmed, so the node's IPv4 addresses get no NodePort for it and no
+// health check server answers for it.
+func TestServicesWithoutAnIPv4ClusterIPAreSkipped(t *testing.T) {
+	hc := func(s *corev1.Service) { s.Spec.HealthCheckNodePort = 32000 }
+	tests := []struct {
+		name     string
+		svc      *corev1.Service
+		problems []string
+	}{
+		{
+			name:     "IPv6 single-stack ClusterIP",
+			svc:      newService("web", withClusterIPs("fd00::10")),
+			problems: []string{"spec.clusterIPs[0]", "spec.clusterIPs"},
+		},
+		{
+			name: "IPv6 single-stack LoadBalancer with policy Local",
+			svc: newService("web", withType(corev1.ServiceTypeLoadBalancer),
+				withPorts(svcPort("http", corev1.ProtocolTCP, 80, 30080)), withClusterIPs("fd00::10"), withIngress("203.0.113.7"),
+				withExternalIPs("198.51.100.1"), withETP(corev1.ServiceExternalTrafficPolicyLocal), hc),
+			problems: []string{"spec.clusterIPs[0]", "spec.clusterIPs"},
+		},
+		{
+			name:     "invalid cluster IP",
+			svc:      newService("web", withClusterIPs("10.96.0.300")),
+			problems: []string{"spec.clusterIPs[0]", "spec.clusterIPs"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st, probs := compute(t, []*corev1.Service{tc.svc})
+			if len(st.Services) != 0 {
+				t.Errorf("got %d service ports, want none: %+v", len(st.Services), st.Services)
+			}
+			for _, f := range tc.problems {
+				if !hasProblem(probs, f, "") {
+					t.Errorf("no problem reported for %s; got %v", f, probs)
+				}
+			}
+			if len(probs) != len(tc.problems) {
+				t.Errorf("problems %v, want %d", probs, len(tc.problems))
 			}
 		})
 	}

@@ -201,6 +201,13 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 	hasNodePorts := svcType == corev1.ServiceTypeNodePort || svcType == corev1.ServiceTypeLoadBalancer
 
 	clusterIPs := c.parseIPv4List(obj, ipField, ipStrings)
+	if len(clusterIPs) == 0 {
+		// A Service of the other family (IPv6 single-stack) is not
+		// this proxier's, as with kube-proxy: no NodePorts, external
+		// IPs or health check on the node's IPv4 addresses either.
+		c.report("Service", obj, ipField, "no IPv4 cluster IP; Service skipped")
+		return
+	}
 	externalIPs := c.parseIPv4List(obj, "spec.externalIPs", spec.ExternalIPs)
 	lbIPs := c.loadBalancerIPs(svc, svcType)
 
