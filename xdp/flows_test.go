@@ -785,7 +785,7 @@ func TestPurgedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	if n, err := reconcile.PurgeFlows(context.Background(), f.maps, reconcile.Stale{Removed: removed}, nil); err != nil || n.Flows != 1 {
 		t.Fatalf("purged %+v (%v), want 1 flow", n, err)
 	}
-	if _, ok, _ := f.maps.Flow(flow.Key()); ok {
+	if fl, ok, _ := f.maps.Flow(flow.Key()); ok && !fl.Ended {
 		t.Fatal("the purged flow is still tracked")
 	}
 	f.ageReverse(flow) // the slot holds it still; its check is due
@@ -793,12 +793,104 @@ func TestPurgedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_stale_nat": 1, "ct_repaired": 0, "reverse_nat": 0}, func() {
 		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
 	})
-	if _, ok, _ := f.maps.Flow(flow.Key()); ok {
+	if fl, ok, _ := f.maps.Flow(flow.Key()); ok && !fl.Ended {
 		t.Fatal("a late reply brought the purged flow back")
 	}
 	// Its reverse half is gone too: the next such reply is not ours.
 	f.expectCounters(map[string]uint64{"pass_not_service": 1}, func() {
 		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpPass)
+	})
+}
+
+// A SNAT flow whose port lies outside the configured range (the agent
+// restarted with another --snat-port-range) moves to a port of the new
+// range at its next check, as when another flow holds its port, instead
+// of failing the check, and dropping a packet, every second.
+func TestSNATFlowMovesIntoANewPortRange(t *testing.T) {
+	f := newFixture(t)
+	in, sent, flow := startSNATFlow(t, f)
+	var cfg xdp.NicDatapathConfig
+	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	const shift = snatMax - snatMin + 1 // a range of the same size above the old one
+	cfg.SnatPortMin += shift
+	cfg.SnatPortMax += shift
+	if err := f.dp.Maps.Config.Put(uint32(0), cfg); err != nil {
+		t.Fatal(err)
+	}
+	f.ageFlow(flow.Key())
+	ack := in
+	ack.Flags = packet.ACK
+	var r result
+	f.expectCounters(map[string]uint64{"nat_port_moved": 1, "redirect": 1}, func() {
+		r = f.run(ack.Bytes(), f.nic0)
+	})
+	out := decode(t, r.out)
+	if out.SrcPort < cfg.SnatPortMin || out.SrcPort > cfg.SnatPortMax {
+		t.Errorf("source port %d (was %d), want one of %d-%d", out.SrcPort, sent.SrcPort, cfg.SnatPortMin, cfg.SnatPortMax)
+	}
+}
+
+// A backend that leaves a port but stays in another Service keeps its id
+// and its backends entry: the agent ends the port's flows to it
+// (reconcile.PurgeFlows). A late reply from it finds the flow's SNAT slot
+// and must not bring the flow back; the client's next packet starts a new
+// flow of the port, which no longer leads to that backend.
+func TestDepartedFlowIsNotRebuiltByALateReply(t *testing.T) {
+	f := newFixture(t)
+	in, sent, flow := startSNATFlow(t, f)
+	web := webService()
+	web.table = []uint32{2, 3, 2, 3, 2, 3, 2}
+	f.program(web)
+	departed := reconcile.Departure{SvcID: web.svcID, BackendID: flow.BackendID, Backend: backendRemote1}
+	n, err := reconcile.PurgeFlows(context.Background(), f.maps,
+		reconcile.Stale{Departed: []reconcile.Departure{departed}}, func(reconcile.Departure) bool { return true })
+	if err != nil || n.Flows != 1 {
+		t.Fatalf("purged %+v (%v), want 1 flow", n, err)
+	}
+	f.ageReverse(flow)
+	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
+	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
+		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
+	})
+	if fl, ok, _ := f.maps.Flow(flow.Key()); ok && !fl.Ended {
+		t.Fatalf("a late reply brought the departed flow back: %+v", fl)
+	}
+	ack := in
+	ack.Flags = packet.ACK
+	var r result
+	f.expectCounters(map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}, func() {
+		r = f.run(ack.Bytes(), f.nic0)
+	})
+	if out := decode(t, r.out); out.Dst == remotePod1 {
+		t.Errorf("the client's next packet went to the departed backend %s", out.Dst)
+	}
+}
+
+// Timeouts hold on the reply path too: a reply to a flow idle past its
+// timeout is dropped and forgets the reverse half, instead of reviving the
+// flow; the client's next packet starts a new one.
+func TestReplyDoesNotReviveAnExpiredFlow(t *testing.T) {
+	f := newFixture(t)
+	f.program(udpService())
+	f.setTimeouts(time.Hour, time.Minute, 20*time.Millisecond)
+	in := udpFrame(clientAddr, 3333, nodeAddr, 30053, "q")
+	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
+	time.Sleep(50 * time.Millisecond)
+	key := dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
+		Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: packet.UDP}
+	flow, ok, err := f.maps.Flow(key)
+	if err != nil || !ok {
+		t.Fatalf("flow not tracked: %v", err)
+	}
+	f.ageReverse(flow)
+	reply := udpFrame(sent.Dst, sent.DstPort, sent.Src, sent.SrcPort, "late")
+	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
+		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
+	})
+	f.expectCounters(map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}, func() {
+		f.run(in.Bytes(), f.nic0)
 	})
 }
 

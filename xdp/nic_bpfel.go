@@ -89,6 +89,7 @@ const (
 	NicCtFlagsCT_F_EXTERNAL NicCtFlags = 2
 	NicCtFlagsCT_F_AFFINITY NicCtFlags = 4
 	NicCtFlagsCT_F_HOST     NicCtFlags = 8
+	NicCtFlagsCT_F_ENDED    NicCtFlags = 16
 )
 
 type NicCtKey struct {

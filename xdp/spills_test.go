@@ -147,7 +147,7 @@ func TestSpillMarksItsSlot(t *testing.T) {
 	if err := f.maps.DeleteReverse(held); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.maps.DeleteFlow(held); err != nil {
+	if _, err := f.maps.DeleteFlow(held); err != nil {
 		t.Fatal(err)
 	}
 	// The bucket's hand offers the spilled port next (and stops resting).

@@ -23,6 +23,7 @@ type Flow struct {
 	NAT       netip.AddrPort // SNAT source; invalid when the flow is not SNATed
 	TCPState  uint8          // enum ct_tcp_state bits
 	External  bool
+	Ended     bool          // ended by DeleteFlow: the datapath treats it as expired
 	Created   time.Duration // CLOCK_MONOTONIC timestamps, as the kernel keeps them
 	LastSeen  time.Duration
 }
@@ -52,6 +53,7 @@ func flowOf(k xdp.NicCtKey, v xdp.NicCtEntry) Flow {
 		SvcID:     v.SvcId,
 		TCPState:  v.TcpState,
 		External:  v.Flags&uint8(xdp.NicCtFlagsCT_F_EXTERNAL) != 0,
+		Ended:     v.Flags&uint8(xdp.NicCtFlagsCT_F_ENDED) != 0,
 		Created:   time.Duration(v.CreatedNs),
 		LastSeen:  time.Duration(v.LastSeenNs),
 	}
@@ -111,19 +113,49 @@ func (d *Dataplane) Flow(k FlowKey) (Flow, bool, error) {
 	return flowOf(raw, v), true, nil
 }
 
-// DeleteFlow forgets a flow whose backend is gone (see
-// reconcile.PurgeFlows): its conntrack entry, and its reverse half when
-// the nat map holds it for this flow. A reverse half in a SNAT slot stays:
-// the bucket's hand takes the port back as soon as the conntrack entry is
-// gone (its holder check finds none), and a late reply that finds the slot
-// does not bring the flow back, since the datapath rebuilds a forward half
-// only for a backend that still exists. Writing the slot from here could
-// undo a claim a CPU makes under the slot's lock meanwhile (another
-// backend's flow for the same slot).
-func (d *Dataplane) DeleteFlow(f Flow) error {
+// DeleteFlow ends a flow whose backend is gone or left its port (see
+// reconcile.PurgeFlows). Its conntrack entry stays, marked ended and dated
+// back past every timeout, so the datapath takes it as expired (it reads
+// only the date; the mark is for the agent): the client's next packet replaces it with
+// a new flow, the bucket's hand takes a SNAT port back (its holder check
+// finds the flow over), and a late reply from a backend that still exists
+// (one that left this port only) is dropped and forgets the reverse half,
+// where a missing entry would be rebuilt from it. The reverse half is
+// deleted here when the nat map holds it for this flow; one in a SNAT slot
+// is left to the datapath: writing the slot from here could undo a claim a
+// CPU makes under the slot's lock meanwhile (another backend's flow for
+// the same slot). An ended entry the LRU evicts before a late reply comes
+// is rebuilt by it if its backend still exists.
+//
+// f is as a walk of the flows read it. When its tuple carries another
+// flow by now (the datapath re-chose for the client after its backend
+// went, while a long walk went on), that flow is live and is left alone,
+// with whatever reverse half it has, and DeleteFlow reports false. The
+// check and the delete are two system calls: a flow re-created between
+// them (microseconds, where a walk takes up to seconds) is deleted, and
+// the datapath starts it afresh on its next packet.
+func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
+	raw := f.Key().raw()
 	var errs []error
-	if err := d.m.Conntrack.Delete(f.Key().raw()); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		errs = append(errs, err)
+	var cur xdp.NicCtEntry
+	switch err := d.m.Conntrack.Lookup(raw, &cur); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		// Gone already; its reverse half may linger in the nat map.
+	case err != nil:
+		return false, fmt.Errorf("delete flow %s -> %s: read conntrack: %w", f.Client, f.Frontend, err)
+	case !sameFlow(f, flowOf(raw, cur)):
+		return false, nil
+	default:
+		expired, err := d.expiredTimestamp()
+		if err != nil {
+			return false, fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
+		}
+		cur.Flags |= uint8(xdp.NicCtFlagsCT_F_ENDED)
+		cur.LastSeenNs = expired
+		err = d.m.Conntrack.Update(raw, cur, ebpf.UpdateExist)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("mark conntrack entry ended: %w", err))
+		}
 	}
 	rk := reverseKey(f)
 	var rev xdp.NicNatEntry
@@ -138,9 +170,29 @@ func (d *Dataplane) DeleteFlow(f Flow) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
+		return false, fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
 	}
-	return nil
+	return true, nil
+}
+
+// expiredTimestamp is a last-seen time that makes any entry expired: a
+// second more than the longest timeout ago. The datapath computes idle
+// times as now - last_seen in unsigned 64-bit arithmetic, so on a node up
+// for less than that the stamp wraps below zero and the idle time still
+// comes out right.
+func (d *Dataplane) expiredTimestamp() (uint64, error) {
+	var cfg xdp.NicDatapathConfig
+	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
+		return 0, fmt.Errorf("read datapath config: %w", err)
+	}
+	longest := max(cfg.TcpEstablishedTimeoutNs, cfg.TcpTransientTimeoutNs, cfg.UdpTimeoutNs)
+	return uint64(Now()) - longest - uint64(time.Second), nil
+}
+
+// sameFlow tells whether two readings of a tuple's conntrack entry are one
+// flow: the same backend, chosen at the same time.
+func sameFlow(a, b Flow) bool {
+	return a.BackendID == b.BackendID && a.Backend == b.Backend && a.Created == b.Created
 }
 
 // reverseKey is the reply tuple of a flow, as its backend sends it.

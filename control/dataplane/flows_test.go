@@ -38,7 +38,7 @@ func TestDeleteFlowKeepsAnotherFlowsReverseHalf(t *testing.T) {
 				t.Fatal(err)
 			}
 			purged := dataplane.Flow{Client: client, Frontend: nodePort, Backend: backend, BackendID: 3, Proto: 6}
-			if err := d.DeleteFlow(purged); err != nil {
+			if _, err := d.DeleteFlow(purged); err != nil {
 				t.Fatal(err)
 			}
 			var left xdp.NicNatEntry

@@ -89,6 +89,9 @@ func seconds(d time.Duration) int64 {
 }
 
 func flowState(f dataplane.Flow) string {
+	if f.Ended {
+		return "ended"
+	}
 	if f.Proto != dataplane.TCP {
 		return "-"
 	}

@@ -96,6 +96,9 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still
 	}
 	var flows []dataplane.Flow
 	err := dp.Flows(func(f dataplane.Flow) bool {
+		if f.Ended {
+			return ctx.Err() == nil
+		}
 		b, removed := stale.Removed[f.BackendID]
 		d, left := departed[departureKey{f.SvcID, f.BackendID}]
 		if same(b, removed, f) || same(d, left, f) || swept(f.SvcID, f.BackendID, f.Backend, false) {
@@ -110,10 +113,13 @@ func PurgeFlows(ctx context.Context, dp *dataplane.Dataplane, stale Stale, still
 		if err := ctx.Err(); err != nil {
 			return purged, err
 		}
-		if err := dp.DeleteFlow(f); err != nil {
+		deleted, err := dp.DeleteFlow(f)
+		if err != nil {
 			return purged, err
 		}
-		purged.Flows++
+		if deleted {
+			purged.Flows++
+		}
 	}
 	return purged, nil
 }

@@ -611,7 +611,7 @@ func TestSweepAfterRestart(t *testing.T) {
 		t.Fatalf("swept %+v (%v), want 1 flow", n, err)
 	}
 	flows := map[uint16]bool{}
-	dp.Flows(func(f dataplane.Flow) bool { flows[f.Client.Port()] = true; return true })
+	dp.Flows(func(f dataplane.Flow) bool { flows[f.Client.Port()] = !f.Ended; return true })
 	for _, e := range entries {
 		if flows[e.port] == e.stale {
 			t.Errorf("flow from port %d (service port %d, %s): kept=%v, want %v", e.port, e.svc, e.backend, flows[e.port], !e.stale)
@@ -697,7 +697,7 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 		t.Errorf("the affinity of the port that keeps the backend: %v", err)
 	}
 	left := map[uint16]bool{}
-	dp.Flows(func(f dataplane.Flow) bool { left[f.Client.Port()] = true; return true })
+	dp.Flows(func(f dataplane.Flow) bool { left[f.Client.Port()] = !f.Ended; return true })
 	reverse := map[uint16]bool{}
 	dp.ReverseHalves(func(_ xdp.NicNatKey, e xdp.NicNatEntry) bool {
 		reverse[xdp.NetToPort(e.ClientPort)] = true

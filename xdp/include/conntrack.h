@@ -42,6 +42,8 @@ static __always_inline __u64 ct_timeout(const struct ct_entry *ct, __u8 proto,
 	return cfg->udp_timeout_ns;
 }
 
+/* Is the flow over, idle past its timeout? (An entry the agent ends is
+ * dated back past every timeout: see CT_F_ENDED.) */
 static __always_inline int ct_expired(const struct ct_entry *ct, __u8 proto,
 				      const struct datapath_config *cfg, __u64 now)
 {

@@ -395,12 +395,22 @@ static __always_inline int reverse_backend_alive(const struct nat_key *key,
 	       be.port == key->sport;
 }
 
+/* Is a tracked flow over, by the datapath's configured timeouts? */
+static __always_inline int ct_over(const struct ct_entry *ct, __u8 proto, __u64 now)
+{
+	const struct datapath_config *cfg = config_get();
+
+	return cfg && ct_expired(ct, proto, cfg, now);
+}
+
 /*
  * Check, once a second and on FIN or RST, that a reverse entry's forward
- * half is still there (rebuilding it if evicted) and still this flow. A
- * flow whose forward half is gone and whose backend left (the agent
- * purged it) is not rebuilt. Returns 0 to translate the reply, -1 when the
- * reverse entry is stale (deleted; drop the reply).
+ * half is still there (rebuilding it if evicted) and still this flow, and
+ * that the flow is not over. A flow whose forward half is gone and whose
+ * backend was removed is not rebuilt, nor is one idle past its timeout or
+ * ended by the agent (its backend left the port): a late reply does not
+ * bring it back. Returns 0 to translate the reply, -1 when the reverse
+ * entry is stale (deleted; drop the reply).
  */
 static __always_inline int reverse_touch(const struct nat_key *key, struct nat_entry *rev,
 					 const struct packet *pkt, __u64 now)
@@ -420,8 +430,9 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 		}
 		bpf_map_update_elem(&conntrack, &flow, &rebuilt, BPF_NOEXIST);
 		count(STAT_CT_REPAIRED, 0);
-	} else if (!ct_answers_to(ct, key)) {
-		/* The client tuple now belongs to a newer flow. */
+	} else if (!ct_answers_to(ct, key) || ct_over(ct, key->proto, now)) {
+		/* The client tuple belongs to a newer flow now, or the flow
+		 * is over: its next client packet starts a new one. */
 		nat_forget(key, rev);
 		return -1;
 	} else {

@@ -145,6 +145,7 @@ enum ct_flags {
 	CT_F_EXTERNAL = 1 << 1, /* created by the XDP program for an external frontend */
 	CT_F_AFFINITY = 1 << 2, /* the service port has ClientIP affinity */
 	CT_F_HOST = 1 << 3,     /* the backend is this node (BE_HOST) */
+	CT_F_ENDED = 1 << 4,    /* ended by the agent, which also dates it past every timeout */
 };
 
 /* A cached FIB result: where to send the packets of a flow. Valid while
@@ -273,7 +274,7 @@ enum stat {
 	STAT_NEW_FLOW,            /* conntrack entry created */
 	STAT_REVERSE_NAT,         /* reply translated back to the client */
 	STAT_ICMP_TRANSLATED,     /* ICMP error about a tracked flow translated */
-	STAT_REJECT_TCP,          /* no usable backend: TCP RST sent */
+	STAT_REJECT_TCP,          /* no usable backend: TCP RST sent (a client's RST: dropped unanswered) */
 	STAT_REJECT_ICMP,         /* no usable backend: ICMP port unreachable sent */
 	STAT_RST_BACKEND_GONE,    /* tracked TCP flow lost its backend: RST sent */
 	STAT_RESELECT_BACKEND_GONE, /* tracked flow lost its backend: new backend chosen */

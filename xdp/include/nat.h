@@ -787,15 +787,53 @@ static __always_inline enum nat_check snat_restore_locked(struct snat_slot *slot
 	return snat_spill(slot, key, entry, BPF_NOEXIST) == 0 ? NAT_REPAIRED : NAT_FAILED;
 }
 
+/*
+ * Check a SNAT flow's port (in the configured range): NAT_OK while its
+ * reverse half is there, NAT_REPAIRED when it was missing and is back,
+ * NAT_PORT_MOVED when the port belongs to another flow now.
+ */
+static __always_inline enum nat_check snat_check_port(const struct ct_key *flow,
+						      const struct nat_key *key,
+						      const struct nat_entry *entry,
+						      const struct datapath_config *cfg)
+{
+	struct snat_slot *slot = snat_slot_for(key, cfg);
+	struct nat_entry *found;
+	enum nat_check check;
+	__u32 generation;
+
+	if (!slot)
+		return NAT_FAILED;
+	/* Replies find the slot before the nat map: a spill of a tuple its
+	 * slot holds for another flow gets none, and the port has moved. */
+	if (snat_slot_holds(slot, key)) {
+		if (nat_entry_matches(&slot->rev, flow))
+			return NAT_OK;
+	} else {
+		found = bpf_map_lookup_elem(&nat, key);
+		if (found && nat_entry_matches(found, flow)) {
+			snat_slot_mark(slot);
+			return NAT_OK;
+		}
+	}
+	/* Missing (released, or evicted from the nat map), or the port now
+	 * belongs to another flow: look again with the port's slot locked (a
+	 * CPU claiming the port holds it: the next check, a second later,
+	 * finds how that ended). */
+	if (!snat_slot_lock(slot, &generation))
+		return NAT_OK;
+	check = snat_restore_locked(slot, flow, key, entry);
+	snat_slot_unlock(slot, generation);
+	return check;
+}
+
 /* Make sure a live forward entry still has its reverse half. */
 static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, struct ct_entry *ct,
 						 const struct datapath_config *cfg, __u64 now)
 {
 	struct nat_entry *found, entry;
-	struct snat_slot *slot;
 	enum nat_check check;
 	struct nat_key key;
-	__u32 generation;
 
 	nat_key_of(flow, ct, &key);
 	nat_entry_of(flow, ct, &entry);
@@ -816,34 +854,13 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 		}
 	}
 
-	if (!snat_port_in_range(cfg, key.dport))
-		return NAT_FAILED;
-	slot = snat_slot_for(&key, cfg);
-	if (!slot)
-		return NAT_FAILED;
-	/* Replies find the slot before the nat map: a spill of a tuple its
-	 * slot holds for another flow gets none, and the port has moved. */
-	if (snat_slot_holds(slot, &key)) {
-		if (nat_entry_matches(&slot->rev, flow))
-			return NAT_OK;
-	} else {
-		found = bpf_map_lookup_elem(&nat, &key);
-		if (found && nat_entry_matches(found, flow)) {
-			snat_slot_mark(slot);
-			return NAT_OK;
-		}
-	}
-	/* Missing (released, or evicted from the nat map), or the port now
-	 * belongs to another flow: look again with the port's slot locked (a
-	 * CPU claiming the port holds it: the next check, a second later,
-	 * finds how that ended). */
-	if (!snat_slot_lock(slot, &generation))
-		return NAT_OK;
-	check = snat_restore_locked(slot, flow, &key, &entry);
-	snat_slot_unlock(slot, generation);
+	/* A port outside the range is one of an earlier range (a restart
+	 * with another --snat-port-range): the flow moves, as it does when
+	 * another flow holds its port now. */
+	check = snat_port_in_range(cfg, key.dport) ? snat_check_port(flow, &key, &entry, cfg)
+						   : NAT_PORT_MOVED;
 	if (check != NAT_PORT_MOVED)
 		return check;
-	/* The SNAT port belongs to another flow now: claim a new one. */
 	return nat_claim(flow, ct, cfg, now) == 0 ? NAT_PORT_MOVED : NAT_FAILED;
 }
 
