@@ -508,7 +508,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	a.metrics.Syncs.WithLabelValues("ok").Inc()
 	a.metrics.LastSync.SetToCurrentTime()
-	a.metrics.ServicePorts.Set(float64(len(state.Services)))
+	a.metrics.ServicePorts.Set(float64(res.ServicePorts))
 	a.metrics.PendingChanges.Set(float64(a.pending.Load()))
 	a.observeProgramming(state, changed)
 	// Everything queued before start is applied. Healthy only once the
@@ -529,13 +529,13 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.logProblems(all)
 
 	if res.Changed() {
-		a.log.Info("datapath synced", "service_ports", len(state.Services), "duration", elapsed,
+		a.log.Info("datapath synced", "service_ports", res.ServicePorts, "duration", elapsed,
 			"backends_added", res.BackendsAdded, "backends_removed", res.BackendsRemoved,
 			"tables_written", res.TablesWritten, "tables_removed", res.TablesRemoved,
 			"frontends_written", res.FrontendsWritten, "frontends_removed", res.FrontendsRemoved,
 			"maglev_builds", res.MaglevBuilds)
 	} else {
-		a.log.Debug("datapath in sync", "service_ports", len(state.Services), "duration", elapsed)
+		a.log.Debug("datapath in sync", "service_ports", res.ServicePorts, "duration", elapsed)
 	}
 	stale := res.Stale()
 	// The first sync has no earlier records: check every flow and
@@ -564,7 +564,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err := a.plane.PutAgentState(dataplane.AgentState{
 		LastSync: time.Now(), Started: a.started, Syncs: a.syncs,
 		PID: uint32(os.Getpid()), PIDNamespace: a.pidNamespace,
-		ServicePorts: uint32(len(state.Services)), Problems: uint32(len(all)),
+		ServicePorts: uint32(res.ServicePorts), Problems: uint32(len(all)),
 	}); err != nil {
 		a.log.Warn("record agent state", "error", err)
 	}

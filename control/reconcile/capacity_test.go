@@ -319,17 +319,24 @@ func TestResultSaysWhenRoomWasFreed(t *testing.T) {
 // A port refused for room stays in every later Apply's problems, also of
 // incremental Applies that do not change it, and counts as waiting for
 // room: when another port's removal frees room, the Result says both, so
-// the agent runs the full Apply that fits it.
+// the agent runs the full Apply that fits it. Meanwhile it is not counted
+// among the programmed ports.
 func TestRefusedPortWaitsForRoomAcrossIncrementalApplies(t *testing.T) {
 	h := newCapacityHarness(t, func(o *loader.Options) { o.FrontendsMax = frontendsMax })
 	res := h.full(fePort("a", 1, 6), fePort("big", 2, 6))
 	if res.WaitingForRoom != 1 || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "big") {
 		t.Fatalf("full Apply: %d waiting for room, problems %q; want big refused", res.WaitingForRoom, res.Problems)
 	}
+	if res.ServicePorts != 1 {
+		t.Errorf("full Apply: %d service ports programmed, want 1 (big refused)", res.ServicePorts)
+	}
 	res = h.change(nil, fePort("c", 3, 1))
 	if res.WaitingForRoom != 1 || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "big") {
 		t.Errorf("incremental Apply of another port: %d waiting for room, problems %q; want big still reported",
 			res.WaitingForRoom, res.Problems)
+	}
+	if res.ServicePorts != 2 {
+		t.Errorf("incremental Apply: %d service ports programmed, want 2 (a and c)", res.ServicePorts)
 	}
 	res = h.change([]string{"a"})
 	if !res.FreedRoom() || res.WaitingForRoom != 1 {
@@ -341,5 +348,8 @@ func TestRefusedPortWaitsForRoomAcrossIncrementalApplies(t *testing.T) {
 	}
 	if got := h.programmed(); got["big"] != 6 || got["c"] != 1 || len(got) != 2 {
 		t.Errorf("frontends by service %v, want big 6 and c 1", got)
+	}
+	if res.ServicePorts != 2 {
+		t.Errorf("full Apply after the removal: %d service ports programmed, want 2", res.ServicePorts)
 	}
 }

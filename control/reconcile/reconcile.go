@@ -50,6 +50,11 @@ type Result struct {
 	// frees room (FreedRoom) may fit them. Only a full Apply tries ports
 	// that did not change.
 	WaitingForRoom int
+	// ServicePorts counts the service ports programmed after the Apply,
+	// every port's: those with their frontends in the maps. A port
+	// refused whole (out of service ids, its frontends or source ranges
+	// do not fit) is not among them.
+	ServicePorts int
 	// RemovedBackends are the backends freed by this Apply: flows still
 	// tracked to them are stale (see PurgeFlows).
 	RemovedBackends map[uint32]dataplane.Backend
@@ -483,6 +488,9 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 			delete(r.withProblems, k)
 		}
 	}
+	// A port without problems is programmed whole; one with problems
+	// may be in part, or keep its previous version.
+	res.ServicePorts = len(r.ports)
 	for _, k := range slices.Sorted(maps.Keys(r.withProblems)) {
 		rec := r.ports[k]
 		if rec == nil {
@@ -491,6 +499,9 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 		res.Problems = append(res.Problems, rec.problems...)
 		if rec.waitsForRoom {
 			res.WaitingForRoom++
+		}
+		if rec.id == 0 || len(rec.frontends) == 0 {
+			res.ServicePorts--
 		}
 	}
 	r.adopted = nil
