@@ -96,7 +96,10 @@ func startOnly(t *testing.T) *[]agent.Config {
 	prev := runAgent
 	runAgent = func(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
 		started = append(started, cfg)
-		_, err := agent.Start(ctx, cfg, log)
+		a, err := agent.Start(ctx, cfg, log)
+		if err == nil {
+			a.Close() // as an agent does when it stops
+		}
 		return err
 	}
 	t.Cleanup(func() { runAgent = prev })

@@ -74,13 +74,40 @@ type Agent struct {
 	podsListed      chan struct{}
 	podsListedOnce  sync.Once
 	lastTrigger     map[string]time.Time // service port key -> last-change-trigger-time observed
-	pidNamespace    uint32               // of this process, recorded with its pid
-	seenProblems    map[string]bool
+	// lock is held from Start until Run returns: one agent per pin root.
+	lock         *PinLock
+	pidNamespace uint32 // of this process, recorded with its pid
+	seenProblems map[string]bool
 }
 
 // Start loads and attaches the datapath and connects to the source. On
-// error nothing that this call attached stays attached.
+// error nothing that this call attached stays attached. First of all it
+// takes the lock on the pin root, which it holds until Run returns: a
+// second agent on the same pins fails here, before it loads or attaches
+// anything (a *PinsInUseError).
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
+	lock, err := lockPins(cfg.Datapath.PinRoot, log)
+	if err != nil {
+		return nil, err
+	}
+	a, err := start(cfg, log)
+	if err != nil {
+		lock.Unlock()
+		return nil, err
+	}
+	a.lock = lock
+	// This agent runs from now on; `xdplb status` calls it starting until
+	// its first sync (which waits for the source) records more.
+	if err := a.plane.PutAgentState(dataplane.AgentState{
+		Started: a.started, PID: uint32(os.Getpid()), PIDNamespace: a.pidNamespace,
+	}); err != nil {
+		log.Warn("record agent state", "error", err)
+	}
+	return a, nil
+}
+
+// start is Start under the lock.
+func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	src, err := newSource(cfg, log)
 	if err != nil {
 		return nil, err
@@ -280,8 +307,19 @@ func detachFresh(dp *loader.Datapath, fresh []string, log *slog.Logger) {
 	}
 }
 
+// Close releases what Start took, for an agent that is not run: the
+// datapath's handles, the server addresses and the lock on the pins. The
+// datapath stays attached.
+func (a *Agent) Close() {
+	a.dp.Close()
+	closeListener(a.healthzLn)
+	closeListener(a.metricsLn)
+	a.lock.Unlock()
+}
+
 // Run serves until ctx ends. The datapath stays attached afterwards.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.lock.Unlock() // last: the datapath is closed before
 	defer a.dp.Close()
 	defer a.hcNodes.Close()
 	// Goroutines that use the maps end before they are closed.

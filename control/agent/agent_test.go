@@ -151,7 +151,7 @@ func TestFailedStartDetaches(t *testing.T) {
 				c.config(&cfg, busy.Addr().String())
 				a, err := Start(context.Background(), cfg, discard())
 				if err == nil {
-					a.dp.Close()
+					a.Close()
 					return errors.New("Start succeeded")
 				}
 				if !strings.Contains(err.Error(), c.errorHas) {
