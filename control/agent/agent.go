@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -131,6 +132,9 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListeners()
 		return nil, err
 	}
+	// An earlier agent's datapath still attached keeps using the SNAT
+	// ports it reserved, whatever becomes of this start.
+	earlier := datapathAttached(cfg.Datapath.PinRoot)
 	dp, err := loader.Load(cfg.Datapath, log)
 	if err != nil {
 		closeListeners()
@@ -138,14 +142,26 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	// After the load, which mounts the pin root: the reservation is
 	// recorded there. Before the attach: no flow takes a SNAT port first.
-	if err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+	reserved, err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log)
+	if err != nil {
 		dp.Close()
 		closeListeners()
 		return nil, err
 	}
+	// unreserve gives back what this start reserved when no datapath
+	// uses the ports after it failed.
+	unreserve := func() {
+		if earlier {
+			return
+		}
+		if err := unreserveSNATPorts(cfg.Datapath.PinRoot, reserved); err != nil {
+			log.Warn("undo the SNAT port reservation", "error", err)
+		}
+	}
 	fresh, err := attach(dp, cfg, log)
 	if err != nil {
 		dp.Close()
+		unreserve()
 		closeListeners()
 		return nil, err
 	}
@@ -154,6 +170,7 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	undo := func(err error) (*Agent, error) {
 		detachFresh(dp, fresh, log)
 		dp.Close()
+		unreserve()
 		closeListeners()
 		return nil, err
 	}
@@ -181,6 +198,14 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	a.healthzLn, a.metricsLn = healthzLn, metricsLn
 	return a, nil
+}
+
+// datapathAttached reports whether an earlier agent left any link pinned
+// under pinRoot: an interface or the host's sockets running its programs.
+func datapathAttached(pinRoot string) bool {
+	entries, err := os.ReadDir(filepath.Join(loader.Dir(pinRoot), "links"))
+	// Unreadable: take it as attached, which keeps the reservation.
+	return len(entries) > 0 || (err != nil && !errors.Is(err, os.ErrNotExist))
 }
 
 // listen takes a server's address; nil for an empty address (server off).
