@@ -370,6 +370,11 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 			return cfg, flagError("cgroup-root", cfg.CgroupRoot, "no such directory")
 		} else if st.Type != unix.CGROUP2_SUPER_MAGIC {
 			return cfg, flagError("cgroup-root", cfg.CgroupRoot, "not a cgroup v2 directory")
+		} else if fi, err := os.Stat(cfg.CgroupRoot); err != nil || !fi.IsDir() {
+			// A cgroup's control file (cgroup.procs, say) is on cgroup2
+			// too, but programs attach to directories only: the agent
+			// would find out after it replaced the programs.
+			return cfg, flagError("cgroup-root", cfg.CgroupRoot, "not a directory: a file of the cgroup v2 hierarchy")
 		}
 	}
 	if err := opts.Validate(); err != nil {
@@ -453,20 +458,51 @@ func checkBindAddress(s string) error {
 }
 
 // bindConflict reports whether two valid bind addresses would take the
-// same port: the same port on the same host, or with either host
-// unspecified (all addresses). Port 0 picks a free port and never
-// conflicts.
+// same port: the same port (compared as numbers) on the same address, or
+// with either address unspecified (empty, 0.0.0.0 or ::: all addresses;
+// a wildcard listener of Go's takes both families). localhost stands for
+// both loopback addresses, IPv4-mapped IPv6 addresses for their IPv4
+// ones. Port 0 picks a free port and never conflicts.
 func bindConflict(a, b string) bool {
 	if a == "" || b == "" {
 		return false
 	}
 	hostA, portA, _ := net.SplitHostPort(a)
 	hostB, portB, _ := net.SplitHostPort(b)
-	if portA != portB || portA == "0" {
+	pA, errA := strconv.ParseUint(portA, 10, 16)
+	pB, errB := strconv.ParseUint(portB, 10, 16)
+	if errA != nil || errB != nil || pA != pB || pA == 0 {
 		return false
 	}
-	wildcard := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
-	return hostA == hostB || wildcard(hostA) || wildcard(hostB)
+	addrsA, addrsB := bindHosts(hostA), bindHosts(hostB)
+	if addrsA == nil || addrsB == nil {
+		return true // a wildcard
+	}
+	for _, x := range addrsA {
+		if slices.Contains(addrsB, x) {
+			return true
+		}
+	}
+	return false
+}
+
+// bindHosts is what a valid bind address's host listens on: nil for all
+// addresses.
+func bindHosts(host string) []netip.Addr {
+	if host == "" {
+		return nil
+	}
+	if host == "localhost" {
+		return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return []netip.Addr{} // checkBindAddress refuses it; no conflict
+	}
+	if ip = ip.Unmap(); ip.IsUnspecified() {
+		return nil
+	}
+	return []netip.Addr{ip}
 }
 
 func parsePortRange(s string) (uint16, uint16, error) {

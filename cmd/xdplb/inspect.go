@@ -92,8 +92,23 @@ func detachCommand() *cli.Command {
 			if err := noArgs(c); err != nil {
 				return err
 			}
+			// The lock the agent holds while it runs, from before it
+			// loads anything (also while it waits for its first sync),
+			// is held here until the pins are gone: no agent starts on
+			// them meanwhile. The pid an agent records is checked too.
+			lock, err := agent.TryLockPins(root)
+			var busy *agent.PinsInUseError
+			switch {
+			case errors.As(err, &busy):
+				if !c.Bool("force") {
+					return agentRunsError(root, busy.PID)
+				}
+			case err != nil:
+				return err
+			}
+			defer lock.Unlock()
 			if pid := inspect.RunningAgent(root); pid != 0 && !c.Bool("force") {
-				return fmt.Errorf("an agent (pid %d) runs on the pins under %s: stop it first (in a DaemonSet: remove the DaemonSet or the node's pod), or pass --force", pid, root)
+				return agentRunsError(root, int(pid))
 			}
 			links, err := inspect.LinkNames(root)
 			if err != nil {
@@ -122,85 +137,165 @@ func detachCommand() *cli.Command {
 	}
 }
 
+// agentRunsError refuses to detach under a running agent (pid 0: not
+// visible from here).
+func agentRunsError(root string, pid int) error {
+	agent := "an agent"
+	if pid != 0 {
+		agent = fmt.Sprintf("an agent (pid %d)", pid)
+	}
+	return fmt.Errorf("%s runs on the pins under %s: stop it first (in a DaemonSet: remove the DaemonSet or the node's pod), or pass --force", agent, root)
+}
+
+// statusJSON is the status with what the pin lock adds.
+type statusJSON struct {
+	inspect.Status
+	// AgentStarting: an agent runs (holds the pins' lock) and has not
+	// synced yet.
+	AgentStarting bool `json:"agentStarting"`
+}
+
+// agentStatus completes the status with the pins' lock: an agent holds it
+// while it runs, from before it loads anything, so it runs even if it has
+// not recorded itself yet (that waits for the load), and it is starting
+// until its first sync.
+func agentStatus(root string, st inspect.Status) (statusJSON, error) {
+	held, holder, err := agent.PinsLocked(root)
+	if err != nil || !held {
+		return statusJSON{Status: st}, err
+	}
+	if own := st.AgentAlive && (holder == 0 || int(st.AgentPID) == holder); !own {
+		// The record is an earlier agent's.
+		st.AgentPID, st.Started, st.LastSync = uint32(holder), nil, nil
+		st.Syncs, st.Services, st.Problems = 0, 0, 0
+	}
+	st.AgentAlive = true
+	return statusJSON{Status: st, AgentStarting: st.LastSync == nil}, nil
+}
+
+// agentLine is the status's Agent line.
+func agentLine(st statusJSON) string {
+	if st.AgentPID == 0 {
+		if st.AgentAlive {
+			return "running (pid not visible from here)" + startingNote(st)
+		}
+		return "never ran"
+	}
+	state := "not running"
+	if st.AgentAlive {
+		state = "running" + startingNote(st)
+	}
+	line := fmt.Sprintf("pid %d (%s)", st.AgentPID, state)
+	if st.Started != nil {
+		line += ", started " + st.Started.UTC().Format(time.RFC3339)
+	}
+	return line
+}
+
+func startingNote(st statusJSON) string {
+	if st.AgentStarting {
+		return ", starting: no sync yet"
+	}
+	return ""
+}
+
 func statusCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "status",
-		Usage: "interfaces and programs, map occupancy, the agent's last sync, counters",
-		Flags: []cli.Flag{bpffsFlag(), outputFlag()},
-		Action: inspectAction(nil, func(c *cli.Context, root string, dp *dataplane.Dataplane, asJSON bool) error {
-			st, err := inspect.GetStatus(root, dp)
-			if err != nil {
-				return err
+		Name:   "status",
+		Usage:  "interfaces and programs, map occupancy, the agent's last sync, counters",
+		Flags:  []cli.Flag{bpffsFlag(), outputFlag()},
+		Action: startingWithoutPins(statusAction()),
+	}
+}
+
+// startingWithoutPins adds to a failure of action that an agent holds the
+// pins' lock: one that has not pinned its maps yet (a first start) is
+// running all the same.
+func startingWithoutPins(action cli.ActionFunc) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		err := action(c)
+		var usage cli.ExitCoder
+		if err == nil || errors.As(err, &usage) {
+			return err
+		}
+		if held, pid, lerr := agent.PinsLocked(c.String("bpffs-root")); lerr == nil && held {
+			holder := "an agent"
+			if pid != 0 {
+				holder = fmt.Sprintf("an agent (pid %d)", pid)
 			}
-			if asJSON {
-				return writeJSON(c.App.Writer, st)
+			return fmt.Errorf("%w; %s holds the lock on these pins: it is starting", err, holder)
+		}
+		return err
+	}
+}
+
+func statusAction() cli.ActionFunc {
+	return inspectAction(nil, func(c *cli.Context, root string, dp *dataplane.Dataplane, asJSON bool) error {
+		raw, err := inspect.GetStatus(root, dp)
+		if err != nil {
+			return err
+		}
+		st, err := agentStatus(root, raw)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(c.App.Writer, st)
+		}
+		w := c.App.Writer
+		fmt.Fprintf(w, "Pins:      %s\n", st.PinDir)
+		fmt.Fprintf(w, "Agent:     %s\n", agentLine(st))
+		if st.LastSync != nil {
+			fmt.Fprintf(w, "Last sync: %s (%s ago), %s, %s, %s\n",
+				st.LastSync.UTC().Format(time.RFC3339), time.Since(*st.LastSync).Round(time.Second),
+				plural(st.Syncs, "sync", "syncs"), plural(uint64(st.Services), "service port", "service ports"),
+				plural(uint64(st.Problems), "problem", "problems"))
+		}
+		d := st.Datapath
+		fmt.Fprintf(w, "Datapath:  hash seed %#x, SNAT ports %s, idle timeouts: TCP established %s, TCP transient %s, UDP %s\n",
+			d.HashSeed, d.SNATPorts, d.TCPEstablishedTimeout, d.TCPTransientTimeout, d.UDPTimeout)
+		icmp := "not limited"
+		if d.ICMPErrorInterval != "none" {
+			icmp = fmt.Sprintf("one per %s and CPU after a burst of %d", d.ICMPErrorInterval, loader.ICMPErrorBurst)
+		}
+		fmt.Fprintf(w, "ICMP:      port unreachables the datapath sends: %s\n", icmp)
+		routes := "every new flow is routed by a FIB lookup"
+		if d.NewFlowRouteReuse {
+			routes = "new flows reuse their backend's route for up to a second (the agent found that the node routes by destination alone)"
+		}
+		fmt.Fprintf(w, "Routes:    %s\n", routes)
+		fmt.Fprintln(w)
+		tw := table(w)
+		fmt.Fprintln(tw, "INTERFACE\tHOOK\tMODE\tPROGRAM\tID\tBUILD")
+		for _, a := range st.Attachments {
+			build := "this binary"
+			if !a.ThisBuild {
+				build = "another build"
 			}
-			w := c.App.Writer
-			fmt.Fprintf(w, "Pins:      %s\n", st.PinDir)
-			agent := "never ran"
-			if st.AgentPID != 0 {
-				state := "not running"
-				if st.AgentAlive {
-					state = "running"
-				}
-				agent = fmt.Sprintf("pid %d (%s)", st.AgentPID, state)
-				if st.Started != nil {
-					agent += ", started " + st.Started.UTC().Format(time.RFC3339)
-				}
-			}
-			fmt.Fprintf(w, "Agent:     %s\n", agent)
-			if st.LastSync != nil {
-				fmt.Fprintf(w, "Last sync: %s (%s ago), %s, %s, %s\n",
-					st.LastSync.UTC().Format(time.RFC3339), time.Since(*st.LastSync).Round(time.Second),
-					plural(st.Syncs, "sync", "syncs"), plural(uint64(st.Services), "service port", "service ports"),
-					plural(uint64(st.Problems), "problem", "problems"))
-			}
-			d := st.Datapath
-			fmt.Fprintf(w, "Datapath:  hash seed %#x, SNAT ports %s, idle timeouts: TCP established %s, TCP transient %s, UDP %s\n",
-				d.HashSeed, d.SNATPorts, d.TCPEstablishedTimeout, d.TCPTransientTimeout, d.UDPTimeout)
-			icmp := "not limited"
-			if d.ICMPErrorInterval != "none" {
-				icmp = fmt.Sprintf("one per %s and CPU after a burst of %d", d.ICMPErrorInterval, loader.ICMPErrorBurst)
-			}
-			fmt.Fprintf(w, "ICMP:      port unreachables the datapath sends: %s\n", icmp)
-			routes := "every new flow is routed by a FIB lookup"
-			if d.NewFlowRouteReuse {
-				routes = "new flows reuse their backend's route for up to a second (the agent found that the node routes by destination alone)"
-			}
-			fmt.Fprintf(w, "Routes:    %s\n", routes)
-			fmt.Fprintln(w)
-			tw := table(w)
-			fmt.Fprintln(tw, "INTERFACE\tHOOK\tMODE\tPROGRAM\tID\tBUILD")
-			for _, a := range st.Attachments {
-				build := "this binary"
-				if !a.ThisBuild {
-					build = "another build"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", a.Interface, a.Hook, a.Mode, a.Program, a.ProgramID, build)
-			}
-			if len(st.Attachments) == 0 {
-				fmt.Fprintln(tw, "(none)\t\t\t\t\t")
-			}
-			tw.Flush()
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", a.Interface, a.Hook, a.Mode, a.Program, a.ProgramID, build)
+		}
+		if len(st.Attachments) == 0 {
+			fmt.Fprintln(tw, "(none)\t\t\t\t\t")
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+		tw = table(w)
+		fmt.Fprintln(tw, "MAP\tENTRIES\tCAPACITY\tUSED")
+		for _, m := range st.Maps {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\n", m.Name, m.Entries, m.Capacity, m.Percent)
+		}
+		tw.Flush()
+		if len(st.Counters) > 0 {
 			fmt.Fprintln(w)
 			tw = table(w)
-			fmt.Fprintln(tw, "MAP\tENTRIES\tCAPACITY\tUSED")
-			for _, m := range st.Maps {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\n", m.Name, m.Entries, m.Capacity, m.Percent)
+			fmt.Fprintln(tw, "COUNTER\tPACKETS\tBYTES")
+			for _, ctr := range st.Counters {
+				fmt.Fprintf(tw, "%s\t%d\t%d\n", ctr.Name, ctr.Packets, ctr.Bytes)
 			}
 			tw.Flush()
-			if len(st.Counters) > 0 {
-				fmt.Fprintln(w)
-				tw = table(w)
-				fmt.Fprintln(tw, "COUNTER\tPACKETS\tBYTES")
-				for _, ctr := range st.Counters {
-					fmt.Fprintf(tw, "%s\t%d\t%d\n", ctr.Name, ctr.Packets, ctr.Bytes)
-				}
-				tw.Flush()
-			}
-			return nil
-		}),
-	}
+		}
+		return nil
+	})
 }
 
 func servicesCommand() *cli.Command {

@@ -96,7 +96,10 @@ func startOnly(t *testing.T) *[]agent.Config {
 	prev := runAgent
 	runAgent = func(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
 		started = append(started, cfg)
-		_, err := agent.Start(ctx, cfg, log)
+		a, err := agent.Start(ctx, cfg, log)
+		if err == nil {
+			a.Close() // as an agent does when it stops
+		}
 		return err
 	}
 	t.Cleanup(func() { runAgent = prev })
@@ -287,6 +290,12 @@ func agentCases(dir string) []flagCase {
 			flag: "metrics-bind-address", want: "takes the same port as --healthz-bind-address"},
 		{name: "metrics-bind-address on healthz's port of all addresses", set: map[string]string{"metrics-bind-address": ":10256"},
 			flag: "metrics-bind-address", want: "takes the same port as --healthz-bind-address 0.0.0.0:10256"},
+		{name: "metrics-bind-address localhost on healthz's loopback port", set: map[string]string{"metrics-bind-address": "localhost:10256", "healthz-bind-address": "127.0.0.1:10256"},
+			flag: "metrics-bind-address", want: "takes the same port as --healthz-bind-address 127.0.0.1:10256"},
+		{name: "metrics-bind-address IPv6 wildcard on healthz's port", set: map[string]string{"metrics-bind-address": "[::]:10256"},
+			flag: "metrics-bind-address", want: "takes the same port as --healthz-bind-address"},
+		{name: "metrics-bind-address same port with a leading zero", set: map[string]string{"metrics-bind-address": "127.0.0.1:09999", "healthz-bind-address": "127.0.0.1:9999"},
+			flag: "metrics-bind-address", want: "takes the same port as --healthz-bind-address"},
 		{name: "healthz-bind-address without port", set: map[string]string{"healthz-bind-address": "0.0.0.0"}, flag: "healthz-bind-address"},
 		{name: "healthz-bind-address named port", set: map[string]string{"healthz-bind-address": ":healthz"}, flag: "healthz-bind-address"},
 		{name: "service-proxy-name not a label value", set: map[string]string{"service-proxy-name": "my proxy!"}, flag: "service-proxy-name"},
@@ -295,6 +304,8 @@ func agentCases(dir string) []flagCase {
 		{name: "cgroup-root relative", set: map[string]string{"cgroup-root": "sys/fs/cgroup"}, flag: "cgroup-root", want: "not an absolute path"},
 		{name: "cgroup-root missing", set: map[string]string{"cgroup-root": "/nonexistent-xdplb/cgroup"}, flag: "cgroup-root", want: "no such directory"},
 		{name: "cgroup-root not cgroup2", set: map[string]string{"cgroup-root": dir}, flag: "cgroup-root", want: "not a cgroup v2 directory"},
+		// A file of the hierarchy (cgroup.procs) when the node has one.
+		{name: "cgroup-root a file of cgroup2", set: map[string]string{"cgroup-root": cgroupFile()}, flag: "cgroup-root", want: "not a directory"},
 		{name: "min-sync-period too long", set: map[string]string{"min-sync-period": "2m"}, flag: "min-sync-period"},
 		{name: "min-sync-period negative", set: map[string]string{"min-sync-period": "-1s"}, flag: "min-sync-period"},
 		{name: "sync-period too short", set: map[string]string{"sync-period": "500ms"}, flag: "sync-period"},
@@ -316,6 +327,15 @@ func agentCases(dir string) []flagCase {
 		{name: "env node name", env: map[string]string{"NODE_NAME": "Edge_1"}, flag: "node-name"},
 		{name: "env snat port range", env: map[string]string{"XDPLB_SNAT_PORT_RANGE": "1-2"}, flag: "snat-port-range"},
 	}
+}
+
+// cgroupFile is a regular file in the node's cgroup v2 hierarchy; without
+// one, a path that is not absolute (which fails all the same).
+func cgroupFile() string {
+	if root := loader.FindCgroup2Root(); root != "" {
+		return filepath.Join(root, "cgroup.procs")
+	}
+	return "no-cgroup2/cgroup.procs"
 }
 
 // baseArgs are valid agent flags; cases replace or drop some.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -74,13 +75,40 @@ type Agent struct {
 	podsListed      chan struct{}
 	podsListedOnce  sync.Once
 	lastTrigger     map[string]time.Time // service port key -> last-change-trigger-time observed
-	pidNamespace    uint32               // of this process, recorded with its pid
-	seenProblems    map[string]bool
+	// lock is held from Start until Run returns: one agent per pin root.
+	lock         *PinLock
+	pidNamespace uint32 // of this process, recorded with its pid
+	seenProblems map[string]bool
 }
 
 // Start loads and attaches the datapath and connects to the source. On
-// error nothing that this call attached stays attached.
+// error nothing that this call attached stays attached. First of all it
+// takes the lock on the pin root, which it holds until Run returns: a
+// second agent on the same pins fails here, before it loads or attaches
+// anything (a *PinsInUseError).
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
+	lock, err := lockPins(cfg.Datapath.PinRoot, log)
+	if err != nil {
+		return nil, err
+	}
+	a, err := start(cfg, log)
+	if err != nil {
+		lock.Unlock()
+		return nil, err
+	}
+	a.lock = lock
+	// This agent runs from now on; `xdplb status` calls it starting until
+	// its first sync (which waits for the source) records more.
+	if err := a.plane.PutAgentState(dataplane.AgentState{
+		Started: a.started, PID: uint32(os.Getpid()), PIDNamespace: a.pidNamespace,
+	}); err != nil {
+		log.Warn("record agent state", "error", err)
+	}
+	return a, nil
+}
+
+// start is Start under the lock.
+func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	src, err := newSource(cfg, log)
 	if err != nil {
 		return nil, err
@@ -104,6 +132,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListeners()
 		return nil, err
 	}
+	// An earlier agent's datapath still attached keeps using the SNAT
+	// ports it reserved, whatever becomes of this start.
+	earlier := datapathAttached(cfg.Datapath.PinRoot)
 	dp, err := loader.Load(cfg.Datapath, log)
 	if err != nil {
 		closeListeners()
@@ -111,14 +142,26 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	// After the load, which mounts the pin root: the reservation is
 	// recorded there. Before the attach: no flow takes a SNAT port first.
-	if err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+	reserved, err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log)
+	if err != nil {
 		dp.Close()
 		closeListeners()
 		return nil, err
 	}
+	// unreserve gives back what this start reserved when no datapath
+	// uses the ports after it failed.
+	unreserve := func() {
+		if earlier {
+			return
+		}
+		if err := unreserveSNATPorts(cfg.Datapath.PinRoot, reserved); err != nil {
+			log.Warn("undo the SNAT port reservation", "error", err)
+		}
+	}
 	fresh, err := attach(dp, cfg, log)
 	if err != nil {
 		dp.Close()
+		unreserve()
 		closeListeners()
 		return nil, err
 	}
@@ -127,6 +170,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	undo := func(err error) (*Agent, error) {
 		detachFresh(dp, fresh, log)
 		dp.Close()
+		unreserve()
 		closeListeners()
 		return nil, err
 	}
@@ -154,6 +198,14 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	a.healthzLn, a.metricsLn = healthzLn, metricsLn
 	return a, nil
+}
+
+// datapathAttached reports whether an earlier agent left any link pinned
+// under pinRoot: an interface or the host's sockets running its programs.
+func datapathAttached(pinRoot string) bool {
+	entries, err := os.ReadDir(filepath.Join(loader.Dir(pinRoot), "links"))
+	// Unreadable: take it as attached, which keeps the reservation.
+	return len(entries) > 0 || (err != nil && !errors.Is(err, os.ErrNotExist))
 }
 
 // listen takes a server's address; nil for an empty address (server off).
@@ -280,8 +332,19 @@ func detachFresh(dp *loader.Datapath, fresh []string, log *slog.Logger) {
 	}
 }
 
+// Close releases what Start took, for an agent that is not run: the
+// datapath's handles, the server addresses and the lock on the pins. The
+// datapath stays attached.
+func (a *Agent) Close() {
+	a.dp.Close()
+	closeListener(a.healthzLn)
+	closeListener(a.metricsLn)
+	a.lock.Unlock()
+}
+
 // Run serves until ctx ends. The datapath stays attached afterwards.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.lock.Unlock() // last: the datapath is closed before
 	defer a.dp.Close()
 	defer a.hcNodes.Close()
 	// Goroutines that use the maps end before they are closed.

@@ -87,7 +87,7 @@ func TestSNATRangeIsReservedFromEphemeralPorts(t *testing.T) {
 			if derr := ns.Do(func() error {
 				// A pin root of its own: no record of an earlier case.
 				if err = checkSNATRange(c.lo, c.hi); err == nil {
-					err = reserveSNATPorts(filepath.Join(bpffs, fmt.Sprint(i)), c.lo, c.hi, discard())
+					_, err = reserveSNATPorts(filepath.Join(bpffs, fmt.Sprint(i)), c.lo, c.hi, discard())
 				}
 				b, rerr := os.ReadFile(localReservedPort)
 				got = strings.TrimSpace(string(b))
@@ -151,7 +151,7 @@ func TestFailedStartDetaches(t *testing.T) {
 				c.config(&cfg, busy.Addr().String())
 				a, err := Start(context.Background(), cfg, discard())
 				if err == nil {
-					a.dp.Close()
+					a.Close()
 					return errors.New("Start succeeded")
 				}
 				if !strings.Contains(err.Error(), c.errorHas) {

@@ -96,7 +96,7 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 					if err != nil {
 						return fmt.Errorf("start with %v: %w", ifaces, err)
 					}
-					defer a.dp.Close()
+					defer a.Close()
 					defer a.hcNodes.Close()
 					return check(a)
 				}); err != nil {

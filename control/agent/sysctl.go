@@ -177,14 +177,70 @@ func checkSNATRange(lo, hi uint16) error {
 // agent added (those not reserved already) is recorded under pinRoot, so
 // that a later start or ReleaseSNATPorts removes those and nothing that
 // was reserved by someone else. checkSNATRange has accepted the range.
-func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) error {
+// It returns the ports it added (for unreserveSNATPorts).
+func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (portSet, error) {
 	eLo, eHi, err := ephemeralRange()
 	if err != nil {
-		return err
+		return portSet{}, err
 	}
 	var want portSet
 	if int(hi) >= eLo && int(lo) <= eHi {
 		want.addRange(lo, hi)
+	}
+	mine, err := loadReservedRecord(pinRoot)
+	if err != nil {
+		return portSet{}, err
+	}
+	cur, err := readReservedPorts()
+	if err != nil {
+		return portSet{}, err
+	}
+	release := mine.minus(want)
+	kept := cur.minus(release)
+	added := want.minus(kept)
+	next := kept.or(want)
+	if next == cur {
+		// Nothing to write (the range may be reserved by the node):
+		// what the agent added and still wants stays its own.
+		return portSet{}, storeReservedRecord(pinRoot, mine.and(want).and(cur))
+	}
+	// The record drops the ports to release before they are released:
+	// a crash in between leaves them reserved, never removes another's.
+	if release.count() > 0 {
+		if err := storeReservedRecord(pinRoot, mine.minus(release)); err != nil {
+			return portSet{}, err
+		}
+	}
+	if err := writeReservedPorts(next); err != nil {
+		// A container usually sees /proc/sys read-only: the node must
+		// reserve the range itself (the README's node requirements).
+		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports: "+
+			"host connections may collide with translated flows",
+			"ports", fmt.Sprintf("%d-%d", lo, hi), "error", err)
+		return portSet{}, storeReservedRecord(pinRoot, mine.and(cur))
+	}
+	if err := storeReservedRecord(pinRoot, mine.and(want).and(kept).or(added)); err != nil {
+		// Reserved but not recorded: only a later start or detach that
+		// finds the record could release them.
+		return portSet{}, err
+	}
+	if release.count() > 0 {
+		log.Info("SNAT ports of an earlier range released to the host", "ports", release.and(cur).String())
+	}
+	if added.count() > 0 {
+		log.Info("SNAT ports reserved from the host's ephemeral range", "ports", added.String(),
+			"ip_local_port_range", fmt.Sprintf("%d-%d", eLo, eHi))
+	}
+	return added, nil
+}
+
+// unreserveSNATPorts undoes what reserveSNATPorts added, for a start
+// that failed with no datapath left to use the ports: it removes them
+// from ip_local_reserved_ports and from the record, as far as the record
+// still holds them (no one else's reservation is touched).
+func unreserveSNATPorts(pinRoot string, added portSet) error {
+	if added.count() == 0 {
+		return nil
 	}
 	mine, err := loadReservedRecord(pinRoot)
 	if err != nil {
@@ -194,41 +250,16 @@ func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	release := mine.minus(want)
-	kept := cur.minus(release)
-	added := want.minus(kept)
-	next := kept.or(want)
-	if next == cur {
-		// Nothing to write (the range may be reserved by the node):
-		// what the agent added and still wants stays its own.
-		return storeReservedRecord(pinRoot, mine.and(want).and(cur))
-	}
-	// The record drops the ports to release before they are released:
-	// a crash in between leaves them reserved, never removes another's.
-	if release.count() > 0 {
-		if err := storeReservedRecord(pinRoot, mine.minus(release)); err != nil {
-			return err
-		}
-	}
-	if err := writeReservedPorts(next); err != nil {
-		// A container usually sees /proc/sys read-only: the node must
-		// reserve the range itself (the README's node requirements).
-		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports: "+
-			"host connections may collide with translated flows",
-			"ports", fmt.Sprintf("%d-%d", lo, hi), "error", err)
-		return storeReservedRecord(pinRoot, mine.and(cur))
-	}
-	if err := storeReservedRecord(pinRoot, mine.and(want).and(kept).or(added)); err != nil {
+	undo := added.and(mine)
+	// The record first: a failure in between leaves the ports reserved,
+	// never removes another's.
+	if err := storeReservedRecord(pinRoot, mine.minus(undo)); err != nil {
 		return err
 	}
-	if release.count() > 0 {
-		log.Info("SNAT ports of an earlier range released to the host", "ports", release.and(cur).String())
+	if held := undo.and(cur); held.count() == 0 {
+		return nil
 	}
-	if added.count() > 0 {
-		log.Info("SNAT ports reserved from the host's ephemeral range", "ports", added.String(),
-			"ip_local_port_range", fmt.Sprintf("%d-%d", eLo, eHi))
-	}
-	return nil
+	return writeReservedPorts(cur.minus(undo))
 }
 
 // ReleaseSNATPorts removes from ip_local_reserved_ports the ports the

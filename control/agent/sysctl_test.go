@@ -1,11 +1,16 @@
 package agent
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
 
@@ -67,7 +72,7 @@ func TestSNATPortReservations(t *testing.T) {
 					if err := checkSNATRange(s.lo, s.hi); err != nil {
 						t.Fatalf("start %d (%d-%d): %v", i, s.lo, s.hi, err)
 					}
-					if err := reserveSNATPorts(root, s.lo, s.hi, log); err != nil {
+					if _, err := reserveSNATPorts(root, s.lo, s.hi, log); err != nil {
 						t.Fatalf("start %d (%d-%d): %v", i, s.lo, s.hi, err)
 					}
 					if got := reserved(); got != s.want {
@@ -91,6 +96,75 @@ func TestSNATPortReservations(t *testing.T) {
 			})
 			if err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// A failed start gives back the SNAT ports it reserved when no datapath is
+// left to use them; with an earlier agent's datapath attached, its
+// programs still translate to those ports (to the failed start's range,
+// which the load wrote into the maps they share) and the reservation
+// stays.
+func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		earlier      bool   // an agent started (and stopped) on the pins first, with the default range
+		snatRange    string // of the failing start: LOW-HIGH
+		wantReserved string
+	}{
+		{"fresh start", false, "40000-60999", ""},
+		{"earlier datapath attached", true, "40000-60999", "40000-60999"},
+		{"earlier datapath attached, range changed", true, "35000-45000", "35000-45000"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ns := testenv.NewNetns(t, "rsvfail")
+			ns.IP("link", "add", "edge0", "type", "veth", "peer", "name", "edge1")
+			ns.IP("link", "set", "edge0", "up")
+			ns.IP("link", "set", "edge1", "up")
+			services := filepath.Join(t.TempDir(), "services.yaml")
+			if err := os.WriteFile(services, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			opts := loader.DefaultOptions()
+			opts.PinRoot = testenv.BPFFS(t)
+			opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
+			cfg := Config{Interfaces: []string{"edge0"}, XDPMode: loader.XDPNative, Datapath: opts, ServicesFile: services}
+			var reserved string
+			err := ns.Do(func() error {
+				if c.earlier {
+					a, err := Start(context.Background(), cfg, discard())
+					if err != nil {
+						return fmt.Errorf("earlier agent: %w", err)
+					}
+					a.Close()
+				}
+				failing := cfg
+				failing.CgroupRoot = t.TempDir() // no cgroup v2: fails after the reservation
+				if _, err := fmt.Sscanf(c.snatRange, "%d-%d", &failing.Datapath.SNATPortMin, &failing.Datapath.SNATPortMax); err != nil {
+					return err
+				}
+				if a, err := Start(context.Background(), failing, discard()); err == nil {
+					a.Close()
+					return errors.New("Start succeeded")
+				}
+				raw, err := os.ReadFile(localReservedPort)
+				reserved = strings.TrimSpace(string(raw))
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if reserved != c.wantReserved {
+				t.Errorf("after the failed start: ip_local_reserved_ports %q, want %q", reserved, c.wantReserved)
+			}
+			// The record agrees: a later detach releases what is reserved.
+			rec, err := loadReservedRecord(opts.PinRoot)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := rec.String(); got != c.wantReserved {
+				t.Errorf("record of reserved ports %q, want %q", got, c.wantReserved)
 			}
 		})
 	}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xdplb/xdplb/control/agent"
+	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/tests/testenv"
+)
+
+// holdPinLockEnv makes the test binary a process that holds the lock on
+// the pin root it names, as an agent does from the moment it starts.
+const holdPinLockEnv = "XDPLB_TEST_HOLD_PIN_LOCK"
+
+func TestHelperHoldPinLock(t *testing.T) {
+	root := os.Getenv(holdPinLockEnv)
+	if root == "" {
+		t.Skip("helper process for TestCommandsSeeAStartingAgent")
+	}
+	if err := os.MkdirAll(filepath.Join(root, "xdplb"), 0o700); err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	l, err := agent.TryLockPins(root)
+	if err != nil || l == nil {
+		fmt.Println("lock:", err)
+		os.Exit(1)
+	}
+	fmt.Println("locked")
+	time.Sleep(time.Hour)
+}
+
+// startingAgent starts a process that holds the lock on root as an agent
+// does while it starts; stop kills it.
+func startingAgent(t *testing.T, root string) (pid int, stop func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldPinLock$")
+	cmd.Env = append(os.Environ(), holdPinLockEnv+"="+root)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop = func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	t.Cleanup(stop)
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "locked\n" {
+		t.Fatalf("lock holder said %q (%v)", line, err)
+	}
+	return cmd.Process.Pid, stop
+}
+
+// TestCommandsSeeAStartingAgent: an agent holds the pins' lock from the
+// moment it starts, before it has recorded anything (its record here is
+// still that of no agent at all). Meanwhile `status` calls it running and
+// starting, `detach` refuses and leaves everything attached, and another
+// agent exits 1 before it attaches anything. Once it is gone (killed: the
+// kernel drops the lock), detach goes ahead.
+func TestCommandsSeeAStartingAgent(t *testing.T) {
+	ns := testNetns(t)
+	startOnly(t)
+	cleanEnv(t)
+	dir := t.TempDir()
+	services := filepath.Join(dir, "services.yaml")
+
+	// An earlier agent attached the datapath and stopped.
+	root := t.TempDir()
+	cleanupRoot(t, ns, root)
+	if r := runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, services)...); r.code != exitOK {
+		t.Fatalf("agent: exit %d\n%s", r.code, r.stderr)
+	}
+	maps, err := loader.OpenPinned(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = dataplane.New(maps).PutAgentState(dataplane.AgentState{})
+	maps.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	attached := observe(t, ns, root, testIface)
+
+	pid, stop := startingAgent(t, root)
+	r := runIn(t, ns, "status", "--bpffs-root", root)
+	if want := fmt.Sprintf("Agent:     pid %d (running, starting: no sync yet)\n", pid); r.code != exitOK || !strings.Contains(r.stdout, want) {
+		t.Errorf("status under a starting agent: exit %d, stderr %q, stdout\n%s\nwant the line %q", r.code, r.stderr, r.stdout, want)
+	}
+	r = runIn(t, ns, "status", "--bpffs-root", root, "-o", "json")
+	var st statusJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != exitOK {
+		t.Fatalf("status -o json: exit %d, %v\n%s", r.code, err, r.stdout)
+	}
+	if st.AgentPID != uint32(pid) || !st.AgentAlive || !st.AgentStarting {
+		t.Errorf("status -o json: agentPid %d, agentAlive %v, agentStarting %v; want %d, true, true",
+			st.AgentPID, st.AgentAlive, st.AgentStarting, pid)
+	}
+
+	r = runIn(t, ns, "detach", "--bpffs-root", root)
+	if want := fmt.Sprintf("xdplb: an agent (pid %d) runs on the pins under %s", pid, root); r.code != exitFailure ||
+		!strings.HasPrefix(r.stderr, want) || !strings.Contains(r.stderr, "--force") || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("detach under a starting agent: exit %d, %q; want exit 1 and one line starting %q and naming --force", r.code, r.stderr, want)
+	}
+	if got := observe(t, ns, root, testIface); got.xdpProg != attached.xdpProg || got.tcxProgs != attached.tcxProgs ||
+		got.reservedPorts != attached.reservedPorts || !loader.NICAttached(root, testIface) {
+		t.Errorf("a refused detach changed the datapath: %+v, was %+v", got, attached)
+	}
+
+	// A second agent on the same pins fails before it attaches anything:
+	// the interface keeps the programs it has.
+	r = runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, services)...)
+	if want := fmt.Sprintf("xdplb: the pins under %s are held by another xdplb process (pid %d): one agent runs per --bpffs-root\n", root, pid); r.code != exitFailure || r.stderr != want {
+		t.Errorf("second agent: exit %d, %q; want exit 1 and %q", r.code, r.stderr, want)
+	}
+	if got := observe(t, ns, root, testIface); got.xdpProg != attached.xdpProg {
+		t.Errorf("the second agent replaced the XDP program: %d, was %d", got.xdpProg, attached.xdpProg)
+	}
+
+	stop()
+	if r := runIn(t, ns, "status", "--bpffs-root", root); r.code != exitOK || !strings.Contains(r.stdout, "Agent:     never ran\n") {
+		t.Errorf("status once the agent is gone: exit %d, %q\n%s", r.code, r.stderr, r.stdout)
+	}
+	if r := runIn(t, ns, "detach", "--bpffs-root", root); r.code != exitOK {
+		t.Errorf("detach once the agent is gone: exit %d, %q", r.code, r.stderr)
+	}
+}
+
+// An agent starting on pins not there yet (the first start on a node):
+// status says so rather than only that nothing is pinned.
+func TestStatusOfAnAgentStartingWithoutPins(t *testing.T) {
+	cleanEnv(t)
+	root := testenv.BPFFS(t)
+	pid, _ := startingAgent(t, root)
+	r := runIn(t, nil, "status", "--bpffs-root", root)
+	want := fmt.Sprintf("xdplb: no xdplb datapath pinned under %s (is the agent running with this --bpffs-root?); "+
+		"an agent (pid %d) holds the lock on these pins: it is starting\n", root, pid)
+	if r.code != exitFailure || r.stderr != want {
+		t.Errorf("status: exit %d, %q; want exit 1 and %q", r.code, r.stderr, want)
+	}
+}
