@@ -21,14 +21,20 @@ type AffinityEntry struct {
 
 // DeleteAffinities deletes the ClientIP affinity entries stale says are
 // stale and returns how many it deleted. Entries deleted meanwhile by the
-// datapath's LRU are not an error.
+// datapath's LRU are not an error; an entry the datapath gave another
+// backend after the walk read it (its client came back and was balanced
+// afresh) is kept.
 func (d *Dataplane) DeleteAffinities(stale func(AffinityEntry) bool) (int, error) {
-	var keys []xdp.NicAffinityKey
+	type walked struct {
+		key   xdp.NicAffinityKey
+		value xdp.NicAffinityEntry
+	}
+	var found []walked
 	err := eachEntry(d.m.Affinity, func(k xdp.NicAffinityKey, v xdp.NicAffinityEntry) bool {
 		e := AffinityEntry{SvcID: k.SvcId, Client: xdp.NetToAddr(k.ClientAddr), BackendID: v.BackendId,
 			Backend: netip.AddrPortFrom(xdp.NetToAddr(v.BackendAddr), xdp.NetToPort(v.BackendPort))}
 		if stale(e) {
-			keys = append(keys, k)
+			found = append(found, walked{k, v})
 		}
 		return true
 	})
@@ -36,8 +42,20 @@ func (d *Dataplane) DeleteAffinities(stale func(AffinityEntry) bool) (int, error
 		return 0, fmt.Errorf("read affinity: %w", err)
 	}
 	n := 0
-	for _, key := range keys {
-		err := d.m.Affinity.Delete(key)
+	for _, w := range found {
+		var now xdp.NicAffinityEntry
+		err := d.m.Affinity.Lookup(w.key, &now)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("read affinity entry: %w", err)
+		}
+		if now.BackendId != w.value.BackendId || now.BackendAddr != w.value.BackendAddr ||
+			now.BackendPort != w.value.BackendPort {
+			continue
+		}
+		err = d.m.Affinity.Delete(w.key)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
 		}
