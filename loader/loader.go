@@ -123,7 +123,8 @@ func linksDir(pinRoot string) string { return filepath.Join(Dir(pinRoot), "links
 // Load creates the maps, or adopts those pinned by an earlier agent without
 // touching their contents, loads the programs and writes the datapath
 // configuration. Maps whose size changed are migrated: a new map is created
-// and every entry that fits is copied over.
+// and every entry that fits is copied over; the new maps replace the pinned
+// ones only once everything has loaded, all of them or none.
 func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -169,12 +170,15 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err := sizeMaps(nicSpec, opts); err != nil {
 		return nil, err
 	}
-	if err := adoptPinnedMaps(nicSpec, mapsDir(opts.PinRoot), opts, log); err != nil {
+	replacements, err := adoptPinnedMaps(nicSpec, mapsDir(opts.PinRoot), opts, log)
+	if err != nil {
 		return nil, err
 	}
+	defer replacements.Close()
 
 	coll, err := ebpf.NewCollectionWithOptions(nicSpec, ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: mapsDir(opts.PinRoot)},
+		Maps:            ebpf.MapOptions{PinPath: mapsDir(opts.PinRoot)},
+		MapReplacements: replacements.byName(),
 	})
 	if err != nil {
 		return nil, explainBPFError("load XDP program", verifierDetail(err))
@@ -216,6 +220,12 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	}
 
 	if err := d.writeConfig(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	// Last: a start that failed above left the pins to the maps the
+	// running datapath uses.
+	if err := replacements.commit(); err != nil {
 		d.Close()
 		return nil, err
 	}
