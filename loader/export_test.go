@@ -1,6 +1,10 @@
 package loader
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
 
 // FailPinRenames makes the renames that move pinned maps into place go
 // through rename until the test ends.
@@ -10,3 +14,6 @@ func FailPinRenames(t testing.TB, rename func(from, to string) error) {
 	renamePin = rename
 	t.Cleanup(func() { renamePin = saved })
 }
+
+// SetXDPProgram makes AttachNIC attach prog as the XDP program.
+func (d *Datapath) SetXDPProgram(prog *ebpf.Program) { d.nic = prog }
