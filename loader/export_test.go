@@ -17,3 +17,12 @@ func FailPinRenames(t testing.TB, rename func(from, to string) error) {
 
 // SetXDPProgram makes AttachNIC attach prog as the XDP program.
 func (d *Datapath) SetXDPProgram(prog *ebpf.Program) { d.nic = prog }
+
+// FailMemlock makes lifting RLIMIT_MEMLOCK fail with err until the test
+// ends.
+func FailMemlock(t testing.TB, err error) {
+	t.Helper()
+	saved := removeMemlock
+	removeMemlock = func() error { return err }
+	t.Cleanup(func() { removeMemlock = saved })
+}
