@@ -147,6 +147,16 @@ func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMo
 				return "", fmt.Errorf("interface %s: replace XDP program: %w", ifname, err)
 			}
 			d.log.Info("XDP program replaced in place", "interface", ifname, "mode", have)
+			if mode == XDPBestEffort && have == XDPGeneric {
+				// Trying native would take XDP off the interface
+				// first (the two cannot run together), and a native
+				// attach resets the rings of many drivers: a restart
+				// does neither unasked.
+				d.log.Warn("interface runs generic XDP: best-effort keeps the generic attachment an earlier start "+
+					"fell back to and does not try native again; to move it to native XDP, restart once with "+
+					"--xdp-mode native (TC ingress handles its traffic while XDP moves), or run `xdplb detach` first",
+					"interface", ifname)
+			}
 			return have, nil
 		}
 		// The requested mode differs: the old link must go first.
@@ -159,22 +169,13 @@ func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMo
 		previous = have
 	}
 
-	tries := []XDPMode{mode}
 	if mode == XDPBestEffort {
-		tries = []XDPMode{XDPNative, XDPGeneric}
+		return d.attachXDPBestEffort(ifname, attrs)
 	}
-	var errs []error
-	for _, m := range tries {
-		if err := d.attachXDPMode(ifname, attrs, m); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if len(errs) > 0 {
-			d.log.Warn("native XDP unavailable, using generic", "interface", ifname, "reason", errs[0])
-		}
-		return m, nil
+	err := d.attachXDPMode(ifname, attrs, mode)
+	if err == nil {
+		return mode, nil
 	}
-	err := errors.Join(errs...)
 	// The interface had XDP in another mode: it keeps it, with this
 	// datapath's program, rather than being left without.
 	if previous != "" {
@@ -186,8 +187,34 @@ func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMo
 	return "", err
 }
 
+// attachXDPBestEffort attaches the NIC program in native mode, or in
+// generic mode where the device cannot run it natively. Any other failure
+// of the native attach (another program attached, missing privilege, a
+// pin that failed) is returned as it is: generic XDP would hide it.
+func (d *Datapath) attachXDPBestEffort(ifname string, attrs *netlink.LinkAttrs) (XDPMode, error) {
+	nativeErr := d.attachXDPMode(ifname, attrs, XDPNative)
+	if nativeErr == nil {
+		return XDPNative, nil
+	}
+	var native *xdpAttachError
+	if !errors.As(nativeErr, &native) || !native.noNativeSupport() {
+		return "", nativeErr
+	}
+	genericErr := d.attachXDPMode(ifname, attrs, XDPGeneric)
+	if genericErr == nil {
+		d.log.Warn("native XDP unavailable, using generic", "interface", ifname, "reason", native.cause)
+		return XDPGeneric, nil
+	}
+	var generic *xdpAttachError
+	if !errors.As(genericErr, &generic) {
+		return "", fmt.Errorf("%w (native XDP: %s)", genericErr, native.cause)
+	}
+	return "", &bestEffortError{native: native, generic: generic}
+}
+
 // attachXDPMode attaches the NIC program to the interface in mode m
-// through a pinned link.
+// (native or generic) through a pinned link. A refused attach is an
+// *xdpAttachError.
 func (d *Datapath) attachXDPMode(ifname string, attrs *netlink.LinkAttrs, m XDPMode) error {
 	flags := link.XDPDriverMode
 	if m == XDPGeneric {
@@ -201,29 +228,78 @@ func (d *Datapath) attachXDPMode(ifname string, attrs *netlink.LinkAttrs, m XDPM
 	if err != nil {
 		return explainXDPError(ifname, m, attrs, err)
 	}
-	defer l.Close()
+	defer l.Close() // detaches it, unless pinned
 	if err := l.Pin(xdpLinkPath(d.opts.PinRoot, m, ifname)); err != nil {
 		return fmt.Errorf("interface %s: pin XDP link: %w", ifname, err)
 	}
 	return nil
 }
 
-// explainXDPError turns an attach failure into one readable line.
+// xdpAttachError is an XDP attach the kernel refused.
+type xdpAttachError struct {
+	ifname string
+	mode   XDPMode
+	cause  string // what went wrong, in words
+	hint   string // what to do about it, if anything
+	err    error
+}
+
+// Error is one line naming the interface, the mode and the cause.
+func (e *xdpAttachError) Error() string {
+	return fmt.Sprintf("interface %s: attach XDP (%s): %s%s", e.ifname, e.mode, e.cause, e.hint)
+}
+
+func (e *xdpAttachError) Unwrap() error { return e.err }
+
+// noNativeSupport reports whether a native attach failed because the
+// device cannot run this program natively: no driver support
+// (EOPNOTSUPP, or ENOTSUPP from some drivers), or an MTU above what a
+// single-buffer XDP frame holds (drivers return EINVAL, veth ERANGE;
+// EINVAL also covers other device setups a driver refuses, such as an
+// enslaved device). Generic XDP runs there.
+func (e *xdpAttachError) noNativeSupport() bool {
+	return e.mode == XDPNative && (errors.Is(e.err, unix.EOPNOTSUPP) || errors.Is(e.err, errENOTSUPP) ||
+		errors.Is(e.err, unix.EINVAL) || errors.Is(e.err, unix.ERANGE))
+}
+
+// errENOTSUPP is the kernel's internal ENOTSUPP, which some drivers return.
+const errENOTSUPP = unix.Errno(524)
+
+// bestEffortError is a best-effort attach that failed in both modes.
+type bestEffortError struct {
+	native, generic *xdpAttachError
+}
+
+// Error is one line naming the interface and each mode's cause.
+func (e *bestEffortError) Error() string {
+	return fmt.Sprintf("interface %s: attach XDP (best-effort): native: %s; generic: %s",
+		e.native.ifname, e.native.cause, e.generic.cause)
+}
+
+func (e *bestEffortError) Unwrap() []error { return []error{e.native, e.generic} }
+
+// explainXDPError turns an attach failure into an *xdpAttachError, whose
+// text is one readable line.
 func explainXDPError(ifname string, mode XDPMode, attrs *netlink.LinkAttrs, err error) error {
-	cause := err.Error()
+	e := &xdpAttachError{ifname: ifname, mode: mode, cause: err.Error(), err: err}
 	switch {
 	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
-		cause = "missing privilege (needs CAP_BPF and CAP_NET_ADMIN)"
+		e.cause = "missing privilege (needs CAP_BPF and CAP_NET_ADMIN)"
 	case errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST):
-		cause = "another XDP program is already attached (remove it, or run `xdplb detach` if it is ours)"
-	case errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, ebpf.ErrNotSupported):
-		cause = "the driver does not support this XDP mode (try --xdp-mode=generic or best-effort)"
+		e.cause = "another XDP program is already attached"
+		e.hint = " (remove it, or run `xdplb detach` if it is ours)"
+	case errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, errENOTSUPP) || errors.Is(err, ebpf.ErrNotSupported):
+		e.cause = "the driver does not support this XDP mode"
+		if mode == XDPNative {
+			e.hint = " (try --xdp-mode=generic or best-effort)"
+		}
 	case attrs.MTU > maxSingleBufferMTU && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ERANGE)):
-		cause = fmt.Sprintf("MTU %d is too large for single-buffer XDP (at most about %d)", attrs.MTU, maxSingleBufferMTU)
+		e.cause = fmt.Sprintf("MTU %d is too large for single-buffer XDP (at most about %d)", attrs.MTU, maxSingleBufferMTU)
 	case errors.Is(err, unix.EINVAL) && attrs.Slave != nil:
-		cause = "XDP is not supported on this bonded/enslaved device: attach to the master or use generic mode"
+		e.cause = "XDP is not supported on this bonded/enslaved device"
+		e.hint = ": attach to the master or use generic mode"
 	}
-	return fmt.Errorf("interface %s: attach XDP (%s): %s", ifname, mode, cause)
+	return e
 }
 
 func tcLinkPath(pinRoot, ifname string) string {

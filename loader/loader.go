@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -42,6 +44,12 @@ type Maps struct {
 	AgentState       *ebpf.Map
 	RouteReuse       *ebpf.Map
 }
+
+// removeMemlock lifts RLIMIT_MEMLOCK, once, where the kernel charges BPF
+// maps to it (before 5.11; a no-op on kernels that charge them to the
+// memory cgroup): the default limit is far below the datapath's maps,
+// and map creation over it fails with EPERM.
+var removeMemlock = sync.OnceValue(rlimit.RemoveMemlock)
 
 // newFlowRoutes is the pinned map of routes new flows reuse (a cache).
 const newFlowRoutes = "new_flow_routes"
@@ -123,13 +131,17 @@ func linksDir(pinRoot string) string { return filepath.Join(Dir(pinRoot), "links
 // Load creates the maps, or adopts those pinned by an earlier agent without
 // touching their contents, loads the programs and writes the datapath
 // configuration. Maps whose size changed are migrated: a new map is created
-// and every entry that fits is copied over.
+// and every entry that fits is copied over; the new maps replace the pinned
+// ones only once everything has loaded, all of them or none.
 func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid datapath options: %w", err)
+	}
+	if err := removeMemlock(); err != nil {
+		return nil, explainMemlockError(err)
 	}
 	if err := ensureBPFFS(opts.PinRoot, log); err != nil {
 		return nil, err
@@ -169,12 +181,15 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err := sizeMaps(nicSpec, opts); err != nil {
 		return nil, err
 	}
-	if err := adoptPinnedMaps(nicSpec, mapsDir(opts.PinRoot), opts, log); err != nil {
+	replacements, err := adoptPinnedMaps(nicSpec, mapsDir(opts.PinRoot), opts, log)
+	if err != nil {
 		return nil, err
 	}
+	defer replacements.Close()
 
 	coll, err := ebpf.NewCollectionWithOptions(nicSpec, ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: mapsDir(opts.PinRoot)},
+		Maps:            ebpf.MapOptions{PinPath: mapsDir(opts.PinRoot)},
+		MapReplacements: replacements.byName(),
 	})
 	if err != nil {
 		return nil, explainBPFError("load XDP program", verifierDetail(err))
@@ -216,6 +231,12 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	}
 
 	if err := d.writeConfig(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	// Last: a start that failed above left the pins to the maps the
+	// running datapath uses.
+	if err := replacements.commit(); err != nil {
 		d.Close()
 		return nil, err
 	}

@@ -1,7 +1,10 @@
 package loader_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
@@ -488,4 +492,146 @@ func TestFailedModeChangeKeepsXDP(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// xdpPass loads an XDP program that passes every packet, of the given
+// attach type, until the test ends.
+func xdpPass(t *testing.T, attach ebpf.AttachType) (*ebpf.Program, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: attach, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { prog.Close() })
+	return prog, nil
+}
+
+// Best-effort falls back to generic XDP only where the device cannot run
+// the program natively; any other failure of the native attach is
+// reported as it is, and one that fails in both modes gives both causes
+// in one line. (Inside the namespace the checks return errors: a fatal
+// one would end the goroutine the namespace waits for.)
+func TestBestEffortFallsBackOnlyWithoutNativeSupport(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		iface string
+		setup func(t *testing.T, dp *loader.Datapath) error
+		mode  loader.XDPMode // attached, or "" for an error
+		want  []string       // in the error
+	}{
+		{name: "no native XDP in the driver", iface: "d0", mode: loader.XDPGeneric},
+		{name: "native link cannot be pinned", iface: "x0",
+			setup: func(_ *testing.T, dp *loader.Datapath) error {
+				// A dangling symlink: no link to adopt, and no pin there.
+				return os.Symlink("/nonexistent", filepath.Join(loader.Dir(dp.Options().PinRoot), "links", "xdp-native-x0"))
+			},
+			want: []string{"interface x0: pin XDP link"}},
+		{name: "another program attached", iface: "x0",
+			setup: func(t *testing.T, _ *loader.Datapath) error {
+				dev, err := netlink.LinkByName("x0")
+				if err != nil {
+					return err
+				}
+				prog, err := xdpPass(t, ebpf.AttachNone)
+				if err != nil {
+					return err
+				}
+				l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: dev.Attrs().Index,
+					Flags: link.XDPDriverMode})
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { l.Close() })
+				return nil
+			},
+			want: []string{"interface x0: attach XDP (native): another XDP program is already attached"}},
+		{name: "both modes refused", iface: "x0",
+			setup: func(t *testing.T, dp *loader.Datapath) error {
+				// The kernel attaches a devmap program to no device.
+				prog, err := xdpPass(t, ebpf.AttachXDPDevMap)
+				dp.SetXDPProgram(prog)
+				return err
+			},
+			want: []string{"interface x0: attach XDP (best-effort): native: ", "invalid argument; generic: "}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			attachIn(t, func(dp *loader.Datapath) error {
+				if tc.setup != nil {
+					if err := tc.setup(t, dp); err != nil {
+						return err
+					}
+				}
+				att, err := dp.AttachNIC(tc.iface, loader.XDPBestEffort)
+				if tc.mode != "" {
+					if err != nil || att.Mode != tc.mode {
+						t.Errorf("best-effort: %+v, %v; want %s", att, err, tc.mode)
+					}
+					return nil
+				}
+				if err == nil {
+					t.Errorf("best-effort attached in %s mode", att.Mode)
+					return nil
+				}
+				if strings.Contains(err.Error(), "\n") {
+					t.Errorf("error %q: want one line", err)
+				}
+				for _, want := range tc.want {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q, want %q in it", err, want)
+					}
+				}
+				if len(tc.want) == 1 && strings.Contains(err.Error(), "generic") {
+					t.Errorf("error %q: generic XDP was tried", err)
+				}
+				generic := filepath.Join(loader.Dir(dp.Options().PinRoot), "links", "xdp-generic-"+tc.iface)
+				if _, err := os.Lstat(generic); err == nil {
+					t.Error("generic XDP link pinned")
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// A restart under best-effort keeps a generic attachment an earlier start
+// fell back to, and warns that native XDP is not tried again and how to
+// move to it; a native attachment gets no such warning.
+func TestBestEffortRestartWarnsOfGenericXDP(t *testing.T) {
+	for _, tc := range []struct {
+		iface    string
+		mode     loader.XDPMode
+		wantWarn bool
+	}{
+		{"d0", loader.XDPGeneric, true},
+		{"x0", loader.XDPNative, false},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			attachIn(t, func(dp *loader.Datapath) error {
+				if att, err := dp.AttachNIC(tc.iface, loader.XDPBestEffort); err != nil || att.Mode != tc.mode {
+					return fmt.Errorf("first start: %+v, %v; want %s", att, err, tc.mode)
+				}
+				var logged bytes.Buffer
+				dp2, err := loader.Load(dp.Options(), slog.New(slog.NewTextHandler(&logged, nil)))
+				if err != nil {
+					return err
+				}
+				defer dp2.Close()
+				if att, err := dp2.AttachNIC(tc.iface, loader.XDPBestEffort); err != nil || att.Mode != tc.mode {
+					return fmt.Errorf("restart: %+v, %v; want %s", att, err, tc.mode)
+				}
+				warned := false
+				for _, line := range strings.Split(logged.String(), "\n") {
+					if strings.Contains(line, "level=WARN") && strings.Contains(line, "runs generic XDP") &&
+						strings.Contains(line, "--xdp-mode native") && strings.Contains(line, "xdplb detach") &&
+						strings.Contains(line, "interface="+tc.iface) {
+						warned = true
+					}
+				}
+				if warned != tc.wantWarn {
+					t.Errorf("log:\n%s\nwant a warning that %s runs generic XDP: %v", logged.String(), tc.iface, tc.wantWarn)
+				}
+				return nil
+			})
+		})
+	}
 }

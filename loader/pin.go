@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -121,19 +123,39 @@ var errSlotsUnhinted = errors.New("SNAT slots placed without bucket hints")
 
 // adoptPinnedMaps checks every pinned map against the spec. A compatible
 // map is left for the collection loader to adopt. An incompatible one (a
-// size flag changed) is replaced: flow state and the control plane's
-// entries are copied into a new map (migrations), counters start over. SNAT slots
-// are also moved when there are no bucket hints to adopt (a version before
-// them placed the slots by a hash of their backend).
-func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) error {
+// size flag changed) gets a replacement: a new map into which flow state
+// and the control plane's entries are copied (migrations); counters start
+// over. SNAT slots are also moved when there are no bucket hints to adopt
+// (a version before them placed the slots by a hash of their backend).
+//
+// Nothing is pinned or unpinned here: the replacements are returned, for
+// the collection loader to use in place of the pins, and their commit
+// swaps the pins once the whole datapath has loaded. Until then the pins
+// name the maps the running datapath uses, so a start that fails (a map
+// that cannot be opened or created, a program the verifier refuses)
+// leaves them as they were, and the next start copies from them again.
+func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) (_ *mapReplacements, err error) {
+	r := &mapReplacements{dir: dir, log: log}
+	defer func() {
+		if err != nil {
+			r.Close()
+		}
+	}()
 	hints, fresh, err := openSNATBucketHints(spec, dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer hints.Close()
+	if fresh {
+		// Swapped last: had the swap stopped before it, the next load
+		// would find no hints again and still move the slots.
+		r.hints = &replacement{name: snatBucketHints, m: hints, why: "no SNAT bucket hints to adopt"}
+	} else {
+		defer hints.Close()
+	}
 	migrate := migrations(opts, hints)
-	for name, ms := range spec.Maps {
-		if ms.Pinning != ebpf.PinByName {
+	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
+		ms := spec.Maps[name]
+		if ms.Pinning != ebpf.PinByName || name == snatBucketHints {
 			continue
 		}
 		path := filepath.Join(dir, name)
@@ -142,7 +164,7 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			continue
 		}
 		if err != nil {
-			return explainBPFError("open pinned map "+path, err)
+			return nil, explainBPFError("open pinned map "+path, err)
 		}
 		incompatible := ms.Compatible(old)
 		if incompatible == nil && name == "snat_slots" && fresh {
@@ -152,27 +174,23 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			old.Close()
 			continue
 		}
-		err = replacePinnedMap(name, ms, old, path, migrate[name], log, incompatible)
+		repl, err := fillReplacement(name, ms, old, migrate[name], log)
 		old.Close()
 		if err != nil {
-			return err
+			return nil, err
 		}
+		repl.why = incompatible.Error()
+		r.maps = append(r.maps, repl)
 	}
-	// Pinned last: had a step above failed, the next load would find no
-	// hints again and still move the slots.
-	if fresh {
-		if err := hints.Pin(filepath.Join(dir, snatBucketHints)); err != nil {
-			return fmt.Errorf("pin map %s: %w", snatBucketHints, err)
-		}
-	}
-	return nil
+	return r, nil
 }
 
 const snatBucketHints = "snat_bucket_hints"
 
 // openSNATBucketHints opens the pinned snat_bucket_hints map, or creates an
 // empty one (fresh) when there is none or it does not fit the spec: the
-// SNAT slots are then placed anew (copySNATSlots), and the caller pins it.
+// SNAT slots are then placed anew (copySNATSlots), and the new map
+// replaces the pinned one with the other replacements.
 func openSNATBucketHints(spec *ebpf.CollectionSpec, dir string) (hints *ebpf.Map, fresh bool, err error) {
 	ms, ok := spec.Maps[snatBucketHints]
 	if !ok {
@@ -187,11 +205,7 @@ func openSNATBucketHints(spec *ebpf.CollectionSpec, dir string) (hints *ebpf.Map
 	case ms.Compatible(old) == nil:
 		return old, false, nil
 	default:
-		err := old.Unpin()
 		old.Close()
-		if err != nil {
-			return nil, false, fmt.Errorf("unpin old map %s: %w", snatBucketHints, err)
-		}
 	}
 	unpinned := ms.Copy()
 	unpinned.Pinning = ebpf.PinNone
@@ -232,17 +246,25 @@ func unpinRetiredMaps(dir string, log *slog.Logger) {
 	}
 }
 
-func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
-	migrate migration, log *slog.Logger, why error) error {
+// replacement is a new map filled from a pinned one it is to replace.
+type replacement struct {
+	name            string
+	m               *ebpf.Map
+	why             string // why the pinned map is replaced
+	copied, skipped int    // entries copied, and not
+}
+
+// fillReplacement creates an unpinned map of spec ms and copies into it what
+// migrate can of old.
+func fillReplacement(name string, ms *ebpf.MapSpec, old *ebpf.Map, migrate migration,
+	log *slog.Logger) (*replacement, error) {
 	spec := ms.Copy()
-	spec.Pinning = ebpf.PinNone // pinned below, in place of the old one
+	spec.Pinning = ebpf.PinNone // pinned at the commit, in place of the old one
 	fresh, err := ebpf.NewMap(spec)
 	if err != nil {
-		return explainBPFError("recreate map "+name, err)
+		return nil, explainBPFError("recreate map "+name, err)
 	}
-	defer fresh.Close()
-
-	copied, skipped := 0, 0
+	r := &replacement{name: name, m: fresh}
 	switch {
 	case migrate == nil:
 	case old.KeySize() != spec.KeySize:
@@ -253,20 +275,139 @@ func replacePinnedMap(name string, ms *ebpf.MapSpec, old *ebpf.Map, path string,
 			"reason", fmt.Sprintf("value size changed from %d to %d bytes", old.ValueSize(), spec.ValueSize))
 	default:
 		var err error
-		copied, skipped, err = migrate(old, fresh)
+		r.copied, r.skipped, err = migrate(old, fresh)
 		if err != nil {
 			log.Warn("copy into a resized map ended early", "map", name, "error", err)
 		}
 	}
-	if err := old.Unpin(); err != nil {
-		return fmt.Errorf("unpin old map %s: %w", name, err)
+	return r, nil
+}
+
+// mapReplacements are the filled replacements of a load's incompatible
+// pinned maps, not pinned yet.
+type mapReplacements struct {
+	dir   string         // the maps' pin directory
+	maps  []*replacement // in name order
+	hints *replacement   // fresh SNAT bucket hints, if any: swapped last
+	log   *slog.Logger
+}
+
+// byName returns the replacement maps by name, for the collection loader.
+func (r *mapReplacements) byName() map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{}
+	for _, repl := range r.all() {
+		out[repl.name] = repl.m
 	}
-	if err := fresh.Pin(path); err != nil {
-		return fmt.Errorf("pin new map %s: %w", name, err)
+	return out
+}
+
+// all returns the replacements in the order they are swapped.
+func (r *mapReplacements) all() []*replacement {
+	if r.hints == nil {
+		return r.maps
 	}
-	log.Warn("pinned map replaced", "map", name, "reason", why.Error(),
-		"entries_copied", copied, "entries_not_copied", skipped)
+	return append(slices.Clip(r.maps), r.hints)
+}
+
+// Close releases the replacements' file descriptors: the maps of those
+// not committed are freed.
+func (r *mapReplacements) Close() {
+	for _, repl := range r.all() {
+		repl.m.Close()
+	}
+}
+
+// stagingDir is where a commit pins the replacements, and links the maps
+// they replace, before moving them into place. It is not the maps'
+// directory, whose names are the maps'; bpffs refuses names with dots.
+func stagingDir(mapsDir string) string { return filepath.Join(filepath.Dir(mapsDir), "maps-replacing") }
+
+// renamePin moves a pin (os.Rename; tests make it fail).
+var renamePin = os.Rename
+
+// commit puts the replacements in place of the pinned maps they replace,
+// all of them or none. Every replacement is first pinned in a staging
+// directory, and every pinned map it replaces hard-linked there; a
+// failure then leaves the pins as they were. Each replacement is then
+// renamed over its map's pin, which replaces the pin at once; if one of
+// those renames fails, the links put the earlier pins back. The running
+// datapath keeps the maps it uses either way: a pin only names a map.
+func (r *mapReplacements) commit() (err error) {
+	all := r.all()
+	if len(all) == 0 {
+		return nil
+	}
+	staging := stagingDir(r.dir)
+	// A commit cut short (the agent killed) may have left one.
+	if err := os.RemoveAll(staging); err != nil {
+		return fmt.Errorf("replace pinned maps: remove %s: %w", staging, err)
+	}
+	if err := os.Mkdir(staging, 0o700); err != nil {
+		return fmt.Errorf("replace pinned maps: %w", err)
+	}
+	defer func() {
+		// What is left there after a commit are the old maps' links (their
+		// pins go), or the replacements not swapped in.
+		if rmErr := os.RemoveAll(staging); rmErr != nil && err == nil {
+			r.log.Warn("could not remove the staging pins of replaced maps; they hold kernel memory until removed",
+				"path", staging, "error", rmErr)
+		}
+	}()
+
+	hadPin := map[string]bool{}
+	for _, repl := range all {
+		if err := repl.m.Pin(filepath.Join(staging, repl.name)); err != nil {
+			return fmt.Errorf("replace pinned maps: pin new map %s: %w (the pinned maps are unchanged)", repl.name, err)
+		}
+		err := os.Link(filepath.Join(r.dir, repl.name), filepath.Join(staging, "old-"+repl.name))
+		switch {
+		case err == nil:
+			hadPin[repl.name] = true
+		case !errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("replace pinned maps: link old map %s: %w (the pinned maps are unchanged)", repl.name, err)
+		}
+	}
+
+	for i, repl := range all {
+		if err := renamePin(filepath.Join(staging, repl.name), filepath.Join(r.dir, repl.name)); err != nil {
+			err = fmt.Errorf("replace pinned maps: move new map %s into place: %w", repl.name, err)
+			return r.rollback(all[:i], hadPin, err)
+		}
+	}
+	for _, repl := range all {
+		if !hadPin[repl.name] {
+			continue // first pinned (SNAT bucket hints a version before them did not have)
+		}
+		r.log.Warn("pinned map replaced", "map", repl.name, "reason", repl.why,
+			"entries_copied", repl.copied, "entries_not_copied", repl.skipped)
+	}
 	return nil
+}
+
+// rollback puts back the pins of the maps the swapped replacements took
+// the place of, and returns cause with what state the pins are left in.
+func (r *mapReplacements) rollback(swapped []*replacement, hadPin map[string]bool, cause error) error {
+	var stuck []string
+	for _, repl := range slices.Backward(swapped) {
+		path := filepath.Join(r.dir, repl.name)
+		var err error
+		if hadPin[repl.name] {
+			err = renamePin(filepath.Join(stagingDir(r.dir), "old-"+repl.name), path)
+		} else {
+			err = os.Remove(path)
+		}
+		if err != nil {
+			r.log.Error("could not restore a pinned map after a failed replacement", "map", repl.name, "error", err)
+			stuck = append(stuck, repl.name)
+		}
+	}
+	if len(stuck) > 0 {
+		slices.Sort(stuck)
+		return fmt.Errorf("%w; restoring the earlier pins failed for %s: they name the new maps, not those "+
+			"the running datapath uses, and the next start adopts them without what it writes meanwhile "+
+			"(`xdplb detach` starts afresh)", cause, strings.Join(stuck, ", "))
+	}
+	return fmt.Errorf("%w (the pinned maps were restored: unchanged)", cause)
 }
 
 // copyBatch is how many entries a migration reads, or writes, per system

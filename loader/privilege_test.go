@@ -3,7 +3,9 @@ package loader_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -128,6 +130,42 @@ func TestPrivateBPFFSIsLogged(t *testing.T) {
 				strings.Contains(buf.String(), root)
 			if got != tc.wantWarn {
 				t.Errorf("log:\n%s\nwant a warning about a private bpffs at %s: %v", buf.String(), root, tc.wantWarn)
+			}
+		})
+	}
+}
+
+// TestLoadLiftsMemlockFirst checks that a load lifts RLIMIT_MEMLOCK before
+// it creates anything (kernels before 5.11 charge maps to it, and refuse
+// them with EPERM over it), and that a failure to says so in one line:
+// EPERM names the capability that limit needs besides those of bpf().
+func TestLoadLiftsMemlockFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want []string
+	}{
+		{"not permitted", unix.EPERM, []string{"lift RLIMIT_MEMLOCK", "missing privilege", "CAP_BPF", "CAP_SYS_RESOURCE"}},
+		{"other", unix.EINVAL, []string{"lift RLIMIT_MEMLOCK for BPF maps", "invalid argument"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testenv.BPFFS(t)
+			loader.FailMemlock(t, fmt.Errorf("failed to set memlock rlimit: %w", tc.err))
+			dp, err := loader.Load(smallOptions(root), nil)
+			if err == nil {
+				dp.Close()
+				t.Fatal("loaded without lifting RLIMIT_MEMLOCK")
+			}
+			if !errors.Is(err, tc.err) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q: want one line wrapping %v", err, tc.err)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q, want %q in it", err, want)
+				}
+			}
+			if _, err := os.Stat(loader.Dir(root)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("pin directory created before the limit was lifted (%v)", err)
 			}
 		})
 	}

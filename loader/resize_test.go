@@ -1,10 +1,13 @@
 package loader_test
 
 import (
+	"errors"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -158,5 +161,191 @@ func TestTablesPinnedInAHashOfMapsAreKept(t *testing.T) {
 	}
 	if ids, err := d.TableIDs(); err != nil || !slices.Equal(ids, []uint32{3}) {
 		t.Errorf("tables after the upgrade %v (%v), want [3]", ids, err)
+	}
+}
+
+// pinnedMapIDs returns the id of every map pinned under root, by name,
+// but the route cache, which every load starts afresh.
+func pinnedMapIDs(t *testing.T, root string) map[string]ebpf.MapID {
+	t.Helper()
+	dir := filepath.Join(loader.Dir(root), "maps")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]ebpf.MapID{}
+	for _, e := range entries {
+		if e.IsDir() || e.Name() == "new_flow_routes" {
+			continue
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, e.Name()), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := m.Info()
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[e.Name()], _ = info.ID()
+	}
+	return ids
+}
+
+// expectPins checks that the maps pinned under root are want, and that no
+// staging pins are left next to them.
+func expectPins(t *testing.T, root string, want map[string]ebpf.MapID) {
+	t.Helper()
+	got := pinnedMapIDs(t, root)
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		if got[name] != want[name] {
+			t.Errorf("map %s pinned as id %d, want the pin left to id %d", name, got[name], want[name])
+		}
+	}
+	for name := range got {
+		if _, ok := want[name]; !ok {
+			t.Errorf("map %s pinned, want no pin", name)
+		}
+	}
+	entries, err := os.ReadDir(loader.Dir(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != "maps" && e.Name() != "links" {
+			t.Errorf("%s left in %s", e.Name(), loader.Dir(root))
+		}
+	}
+}
+
+// doubled returns opts with every size flag doubled: almost every pinned
+// map needs replacing.
+func doubled(opts loader.Options) loader.Options {
+	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 2*opts.ConntrackMax, 2*opts.NATMax, 2*opts.AffinityMax
+	opts.ServicesMax, opts.FrontendsMax = 2*opts.ServicesMax, 2*opts.FrontendsMax
+	opts.BackendsMax, opts.SourceRangesMax = 2*opts.BackendsMax, 2*opts.SourceRangesMax
+	return opts
+}
+
+// A start that cannot replace every resized map replaces none: the pins
+// keep naming the maps the running datapath uses, so an agent that fails
+// to start, again and again, does not leave them to copies that miss the
+// flows the datapath tracks meanwhile, and the start that succeeds copies
+// from the maps in use.
+func TestFailedResizeLeavesThePinsAsTheyWere(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts := smallOptions(root)
+	running, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Close()
+	before := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
+	if err := running.Maps.Conntrack.Put(before, xdp.NicCtEntry{BackendId: 7}); err != nil {
+		t.Fatal(err)
+	}
+	// Something that is not a map where svc_stats, which a larger
+	// --services-max resizes too, is pinned.
+	bad := filepath.Join(loader.Dir(root), "maps", "svc_stats")
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(bad, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pinned := pinnedMapIDs(t, root)
+
+	bigger := doubled(opts)
+	for range 3 {
+		dp, err := loader.Load(bigger, nil)
+		if err == nil {
+			dp.Close()
+			t.Fatal("loaded over a pin that is not a map")
+		}
+		if !strings.Contains(err.Error(), "svc_stats") {
+			t.Errorf("error %q does not name svc_stats", err)
+		}
+		expectPins(t, root, pinned)
+	}
+
+	// The running datapath tracks a flow meanwhile.
+	meanwhile := xdp.NicCtKey{Saddr: 5, Daddr: 2, Sport: 6, Dport: 80, Proto: 6}
+	if err := running.Maps.Conntrack.Put(meanwhile, xdp.NicCtEntry{BackendId: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	dp, err := loader.Load(bigger, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if got := dp.Maps.Conntrack.MaxEntries(); got != bigger.ConntrackMax {
+		t.Fatalf("conntrack has %d entries, want %d", got, bigger.ConntrackMax)
+	}
+	for key, backend := range map[xdp.NicCtKey]uint32{before: 7, meanwhile: 8} {
+		var e xdp.NicCtEntry
+		if err := dp.Maps.Conntrack.Lookup(key, &e); err != nil || e.BackendId != backend {
+			t.Errorf("flow %+v in the resized conntrack: %+v (%v), want backend %d", key, e, err, backend)
+		}
+	}
+}
+
+// A replacement that cannot be moved into place fails the start, and the
+// pins of the maps replaced before it are put back: the pins are left as
+// they were, or the error names those that could not be restored.
+func TestFailedSwapRestoresThePins(t *testing.T) {
+	errInjected := errors.New("injected")
+	for _, tc := range []struct {
+		name string
+		fail []string // the renames that fail, by the name they move
+		// stuck: the maps whose pin is left to a new map.
+		stuck []string
+		want  []string // in the error
+	}{
+		{"the restore works", []string{"nat"}, nil,
+			[]string{"move new map nat into place", "injected", "pinned maps were restored"}},
+		{"a restore fails too", []string{"nat", "old-backends"}, []string{"backends"},
+			[]string{"move new map nat into place", "restoring the earlier pins failed for backends:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testenv.BPFFS(t)
+			opts := smallOptions(root)
+			dp, err := loader.Load(opts, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dp.Close()
+			pinned := pinnedMapIDs(t, root)
+
+			loader.FailPinRenames(t, func(from, to string) error {
+				if slices.Contains(tc.fail, filepath.Base(from)) {
+					return errInjected
+				}
+				return os.Rename(from, to)
+			})
+			dp, err = loader.Load(doubled(opts), nil)
+			if err == nil {
+				dp.Close()
+				t.Fatal("loaded with a pin that could not be moved")
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q, want %q in it", err, want)
+				}
+			}
+			if !errors.Is(err, errInjected) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q: want one line wrapping the cause", err)
+			}
+			now := pinnedMapIDs(t, root)
+			for _, name := range tc.stuck {
+				if now[name] == pinned[name] {
+					t.Errorf("map %s: the failed restore left its pin as it was", name)
+				}
+				pinned[name] = now[name]
+			}
+			expectPins(t, root, pinned)
+		})
 	}
 }
