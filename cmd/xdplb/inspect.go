@@ -96,8 +96,8 @@ func detachCommand() *cli.Command {
 			// loads anything (also while it waits for its first sync),
 			// is held here until the pins are gone: no agent starts on
 			// them meanwhile. The pid an agent records is checked too.
-			lock, err := agent.TryLockPins(root)
-			var busy *agent.PinsInUseError
+			lock, err := loader.TryLockPins(root)
+			var busy *loader.PinsInUseError
 			switch {
 			case errors.As(err, &busy):
 				if !c.Bool("force") {
@@ -160,7 +160,7 @@ type statusJSON struct {
 // not recorded itself yet (that waits for the load), and it is starting
 // until its first sync.
 func agentStatus(root string, st inspect.Status) (statusJSON, error) {
-	held, holder, err := agent.PinsLocked(root)
+	held, holder, err := loader.PinsLocked(root)
 	if err != nil || !held {
 		return statusJSON{Status: st}, err
 	}
@@ -218,7 +218,7 @@ func startingWithoutPins(action cli.ActionFunc) cli.ActionFunc {
 		if err == nil || errors.As(err, &usage) {
 			return err
 		}
-		if held, pid, lerr := agent.PinsLocked(c.String("bpffs-root")); lerr == nil && held {
+		if held, pid, lerr := loader.PinsLocked(c.String("bpffs-root")); lerr == nil && held {
 			holder := "an agent"
 			if pid != 0 {
 				holder = fmt.Sprintf("an agent (pid %d)", pid)

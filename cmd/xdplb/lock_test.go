@@ -1,67 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/xdplb/xdplb/control/agent"
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
-
-// holdPinLockEnv makes the test binary a process that holds the lock on
-// the pin root it names, as an agent does from the moment it starts.
-const holdPinLockEnv = "XDPLB_TEST_HOLD_PIN_LOCK"
-
-func TestHelperHoldPinLock(t *testing.T) {
-	root := os.Getenv(holdPinLockEnv)
-	if root == "" {
-		t.Skip("helper process for TestCommandsSeeAStartingAgent")
-	}
-	if err := os.MkdirAll(filepath.Join(root, "xdplb"), 0o700); err != nil {
-		fmt.Println(err)
-		os.Exit(1)
-	}
-	l, err := agent.TryLockPins(root)
-	if err != nil || l == nil {
-		fmt.Println("lock:", err)
-		os.Exit(1)
-	}
-	fmt.Println("locked")
-	time.Sleep(time.Hour)
-}
-
-// startingAgent starts a process that holds the lock on root as an agent
-// does while it starts; stop kills it.
-func startingAgent(t *testing.T, root string) (pid int, stop func()) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldPinLock$")
-	cmd.Env = append(os.Environ(), holdPinLockEnv+"="+root)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stop = func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}
-	t.Cleanup(stop)
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "locked\n" {
-		t.Fatalf("lock holder said %q (%v)", line, err)
-	}
-	return cmd.Process.Pid, stop
-}
 
 // TestCommandsSeeAStartingAgent: an agent holds the pins' lock from the
 // moment it starts, before it has recorded anything (its record here is
@@ -93,7 +43,7 @@ func TestCommandsSeeAStartingAgent(t *testing.T) {
 	}
 	attached := observe(t, ns, root, testIface)
 
-	pid, stop := startingAgent(t, root)
+	pid, stop := loadertest.HoldPinLock(t, root)
 	r := runIn(t, ns, "status", "--bpffs-root", root)
 	if want := fmt.Sprintf("Agent:     pid %d (running, starting: no sync yet)\n", pid); r.code != exitOK || !strings.Contains(r.stdout, want) {
 		t.Errorf("status under a starting agent: exit %d, stderr %q, stdout\n%s\nwant the line %q", r.code, r.stderr, r.stdout, want)
@@ -142,7 +92,7 @@ func TestCommandsSeeAStartingAgent(t *testing.T) {
 func TestStatusOfAnAgentStartingWithoutPins(t *testing.T) {
 	cleanEnv(t)
 	root := testenv.BPFFS(t)
-	pid, _ := startingAgent(t, root)
+	pid, _ := loadertest.HoldPinLock(t, root)
 	r := runIn(t, nil, "status", "--bpffs-root", root)
 	want := fmt.Sprintf("xdplb: no xdplb datapath pinned under %s (is the agent running with this --bpffs-root?); "+
 		"an agent (pid %d) holds the lock on these pins: it is starting\n", root, pid)

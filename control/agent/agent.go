@@ -76,7 +76,7 @@ type Agent struct {
 	podsListedOnce  sync.Once
 	lastTrigger     map[string]time.Time // service port key -> last-change-trigger-time observed
 	// lock is held from Start until Run returns: one agent per pin root.
-	lock         *PinLock
+	lock         *loader.PinLock
 	pidNamespace uint32 // of this process, recorded with its pid
 	seenProblems map[string]bool
 }
@@ -85,9 +85,9 @@ type Agent struct {
 // error nothing that this call attached stays attached. First of all it
 // takes the lock on the pin root, which it holds until Run returns: a
 // second agent on the same pins fails here, before it loads or attaches
-// anything (a *PinsInUseError).
+// anything (a *loader.PinsInUseError).
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
-	lock, err := lockPins(cfg.Datapath.PinRoot, log)
+	lock, err := loader.LockPins(cfg.Datapath.PinRoot, log)
 	if err != nil {
 		return nil, err
 	}

@@ -1,100 +1,19 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
-
-// holdPinLockEnv makes the test binary a process that takes the lock on
-// the pin root it names, says "locked" and waits to be killed.
-const holdPinLockEnv = "XDPLB_TEST_HOLD_PIN_LOCK"
-
-func TestHelperHoldPinLock(t *testing.T) {
-	root := os.Getenv(holdPinLockEnv)
-	if root == "" {
-		t.Skip("helper process for TestPinLockDiesWithItsHolder")
-	}
-	l, err := TryLockPins(root)
-	if err != nil || l == nil {
-		fmt.Println("lock:", err)
-		os.Exit(1)
-	}
-	fmt.Println("locked")
-	time.Sleep(time.Hour)
-}
-
-// holdPinLock starts a process holding the lock on root; it is killed when
-// the test ends.
-func holdPinLock(t *testing.T, root string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldPinLock$")
-	cmd.Env = append(os.Environ(), holdPinLockEnv+"="+root)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || line != "locked\n" {
-		t.Fatalf("lock holder said %q (%v)", line, err)
-	}
-	return cmd
-}
-
-// A process holding the lock is found with its pid; when it dies without
-// releasing it (SIGKILL), the kernel does, and an agent takes the pins.
-func TestPinLockDiesWithItsHolder(t *testing.T) {
-	root := testenv.BPFFS(t)
-	if err := os.Mkdir(filepath.Join(root, "xdplb"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	holder := holdPinLock(t, root)
-
-	held, pid, err := PinsLocked(root)
-	if err != nil || !held || pid != holder.Process.Pid {
-		t.Fatalf("PinsLocked = %v, pid %d, %v; want held by pid %d", held, pid, err, holder.Process.Pid)
-	}
-	l, err := TryLockPins(root)
-	var busy *PinsInUseError
-	if !errors.As(err, &busy) || busy.PID != holder.Process.Pid {
-		l.Unlock()
-		t.Fatalf("TryLockPins under a holder: %v, want a PinsInUseError naming pid %d", err, holder.Process.Pid)
-	}
-	if msg := err.Error(); !strings.Contains(msg, fmt.Sprintf("pid %d", holder.Process.Pid)) || !strings.Contains(msg, root) {
-		t.Errorf("error %q does not name the holder's pid and the pin root", msg)
-	}
-
-	holder.Process.Signal(syscall.SIGKILL)
-	holder.Wait()
-	if held, _, err := PinsLocked(root); err != nil || held {
-		t.Fatalf("after the holder was killed: PinsLocked = %v, %v; want free", held, err)
-	}
-	l, err = lockPins(root, discard())
-	if err != nil {
-		t.Fatalf("lock after the holder was killed: %v", err)
-	}
-	l.Unlock()
-}
 
 // A second agent on the same pins fails before it loads or attaches
 // anything: the first keeps its interface, the second's is left alone.
@@ -141,7 +60,7 @@ func TestSecondAgentOnThePinsFails(t *testing.T) {
 		second := cfg
 		second.Interfaces = []string{"edge2"}
 		a, err := Start(context.Background(), second, discard())
-		var busy *PinsInUseError
+		var busy *loader.PinsInUseError
 		if !errors.As(err, &busy) || busy.PID != os.Getpid() {
 			if a != nil {
 				a.Close()

@@ -1,4 +1,4 @@
-package agent
+package loader
 
 import (
 	"bufio"
@@ -58,10 +58,10 @@ func (e *PinsInUseError) Error() string {
 
 func pinLockPath(pinRoot string) string { return filepath.Join(pinRoot, "xdplb") }
 
-// lockPins takes the lock for an agent, waiting up to pinLockWait for a
+// LockPins takes the lock for an agent, waiting up to pinLockWait for a
 // short-lived holder. It mounts bpffs at pinRoot first if there is none,
-// as the loader would: the lock must be on the file system the pins go on.
-func lockPins(pinRoot string, log *slog.Logger) (*PinLock, error) {
+// as Load would: the lock must be on the file system the pins go on.
+func LockPins(pinRoot string, log *slog.Logger) (*PinLock, error) {
 	if err := ensureBPFFS(pinRoot, log); err != nil {
 		return nil, err
 	}
@@ -169,27 +169,4 @@ func parseLockHolder(r io.Reader, dev, ino uint64) int {
 		}
 	}
 	return 0
-}
-
-// ensureBPFFS makes sure pinRoot is on a bpffs, mounting one there if not,
-// with the warning loader.Load gives when it does so (the agent takes its
-// lock before it loads, on the file system the pins go on).
-func ensureBPFFS(pinRoot string, log *slog.Logger) error {
-	if err := os.MkdirAll(pinRoot, 0o700); err != nil {
-		return fmt.Errorf("bpffs root %s: %w", pinRoot, err)
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(pinRoot, &st); err != nil {
-		return fmt.Errorf("bpffs root %s: %w", pinRoot, err)
-	}
-	if st.Type == unix.BPF_FS_MAGIC {
-		return nil
-	}
-	if err := unix.Mount("bpf", pinRoot, "bpf", 0, "mode=0700"); err != nil {
-		return fmt.Errorf("mount bpffs at %s: %w (needs CAP_SYS_ADMIN, or mount it beforehand)", pinRoot, err)
-	}
-	log.Warn("no bpffs at the pin root: mounted a private one, whose pins do not outlive this mount namespace "+
-		"(in a pod: the pod), so a restarted agent starts over with empty maps; mount bpffs there on the node",
-		"path", pinRoot)
-	return nil
 }
