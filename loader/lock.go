@@ -27,6 +27,11 @@ import (
 // for an instant, a `detach` while it removes the pins.
 const pinLockWait = 2 * time.Second
 
+// pinProbeWait is how long a command waits for the lock before it takes
+// its holder for an agent: longer than another command's probe (a
+// `status` run at the same instant) holds it.
+const pinProbeWait = 250 * time.Millisecond
+
 // PinLock is a held lock on a pin root.
 type PinLock struct {
 	f *os.File
@@ -65,23 +70,28 @@ func LockPins(pinRoot string, log *slog.Logger) (*PinLock, error) {
 	if err := ensureBPFFS(pinRoot, log); err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(pinLockWait)
+	return lockPinsWithin(pinRoot, true, pinLockWait)
+}
+
+// TryLockPins takes the lock on pinRoot for a command that must not run
+// beside an agent (detach), waiting only for another command's probe. It
+// returns a *PinsInUseError if another process holds it, and nil (nothing
+// to lock) if no xdplb directory is there.
+func TryLockPins(pinRoot string) (*PinLock, error) {
+	return lockPinsWithin(pinRoot, false, pinProbeWait)
+}
+
+// lockPinsWithin tries to take the lock until wait has passed.
+func lockPinsWithin(pinRoot string, create bool, wait time.Duration) (*PinLock, error) {
+	deadline := time.Now().Add(wait)
 	for {
-		l, err := tryLockPins(pinRoot, true)
+		l, err := tryLockPins(pinRoot, create)
 		var busy *PinsInUseError
 		if !errors.As(err, &busy) || time.Now().After(deadline) {
 			return l, err
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// TryLockPins takes the lock on pinRoot without waiting, for a command
-// that must not run beside an agent (detach). It returns a
-// *PinsInUseError if another process holds it, and nil (nothing to lock)
-// if no xdplb directory is there.
-func TryLockPins(pinRoot string) (*PinLock, error) {
-	return tryLockPins(pinRoot, false)
 }
 
 // PinsLocked reports whether another process (a running agent, most

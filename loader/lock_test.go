@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/loader/loadertest"
@@ -46,4 +47,28 @@ func TestPinLockDiesWithItsHolder(t *testing.T) {
 		t.Fatalf("lock after the holder was killed: %v", err)
 	}
 	l.Unlock()
+}
+
+// A command's probe of the lock (a `status` run at the same instant) is
+// not taken for an agent by another command: it waits the probe out.
+func TestAProbeIsNotAnAgent(t *testing.T) {
+	root := testenv.BPFFS(t)
+	if err := os.Mkdir(filepath.Join(root, "xdplb"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := loader.TryLockPins(root)
+	if err != nil || probe == nil {
+		t.Fatalf("probe: %v", err)
+	}
+	released := make(chan struct{})
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		probe.Unlock()
+		close(released)
+	}()
+	held, pid, err := loader.PinsLocked(root)
+	<-released
+	if err != nil || held {
+		t.Errorf("PinsLocked during another command's probe = %v (pid %d), %v; want free", held, pid, err)
+	}
 }

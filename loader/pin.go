@@ -52,7 +52,7 @@ func ensureBPFFS(root string, log *slog.Logger) error {
 // options) start empty.
 func migrations(opts Options, hints *ebpf.Map) map[string]migration {
 	return map[string]migration{
-		"conntrack":  copyRecentFirst[xdp.NicCtKey](func(e *xdp.NicCtEntry) uint64 { return e.LastSeenNs }),
+		"conntrack":  copyRecentFirst[xdp.NicCtKey](ctLastSeen),
 		"nat":        copyRecentFirst[xdp.NicNatKey](func(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }),
 		"affinity":   copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
 		"snat_slots": func(from, to *ebpf.Map) (int, int, error) { return copySNATSlots(from, to, opts, hints) },
@@ -333,14 +333,16 @@ var renamePin = os.Rename
 // those renames fails, the links put the earlier pins back. The running
 // datapath keeps the maps it uses either way: a pin only names a map.
 func (r *mapReplacements) commit() (err error) {
+	staging := stagingDir(r.dir)
+	// A commit cut short (the agent killed) may have left one, holding
+	// the maps it replaced: gone now, whether or not this load replaces
+	// any map.
+	if err := os.RemoveAll(staging); err != nil {
+		return fmt.Errorf("replace pinned maps: remove %s: %w", staging, err)
+	}
 	all := r.all()
 	if len(all) == 0 {
 		return nil
-	}
-	staging := stagingDir(r.dir)
-	// A commit cut short (the agent killed) may have left one.
-	if err := os.RemoveAll(staging); err != nil {
-		return fmt.Errorf("replace pinned maps: remove %s: %w", staging, err)
 	}
 	if err := os.Mkdir(staging, 0o700); err != nil {
 		return fmt.Errorf("replace pinned maps: %w", err)
@@ -413,6 +415,17 @@ func (r *mapReplacements) rollback(swapped []*replacement, hadPin map[string]boo
 // copyBatch is how many entries a migration reads, or writes, per system
 // call.
 const copyBatch = 4096
+
+// ctLastSeen is when a conntrack entry's flow was last seen, for
+// copyRecentFirst. An entry the agent ended is dated far back, with a
+// date that may have wrapped below zero (see dataplane.DeleteFlow): it
+// counts as the oldest of all, copied first and left out first.
+func ctLastSeen(e *xdp.NicCtEntry) uint64 {
+	if e.Flags&uint8(xdp.NicCtFlagsCT_F_ENDED) != 0 {
+		return 0
+	}
+	return e.LastSeenNs
+}
 
 // copyRecentFirst returns a migration for an LRU hash map of K to V,
 // whose values record when their flow was last seen: it copies the

@@ -349,3 +349,37 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 		})
 	}
 }
+
+// A swap of pinned maps cut short (the agent killed between its renames
+// and its cleanup) leaves the maps it replaced linked in a staging
+// directory, holding their memory. The next load removes it, also when it
+// replaces no map itself.
+func TestLoadRemovesAnInterruptedSwapsLeftovers(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts := smallOptions(root)
+	dp, err := loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	staging := filepath.Join(loader.Dir(root), "maps-replacing")
+	if err := os.Mkdir(staging, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	leftover, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leftover.Close()
+	if err := leftover.Pin(filepath.Join(staging, "old-conntrack")); err != nil {
+		t.Fatal(err)
+	}
+	dp, err = loader.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	if _, err := os.Stat(staging); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the interrupted swap's staging directory is still there: %v", err)
+	}
+}

@@ -868,6 +868,38 @@ func TestDepartedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	}
 }
 
+// An ended flow stays over when the agent restarts with longer timeouts:
+// it is dated back beyond any timeout, not just the ones in force when it
+// ended.
+func TestEndedFlowStaysOverUnderLongerTimeouts(t *testing.T) {
+	f := newFixture(t)
+	f.setTimeouts(time.Hour, time.Minute, time.Minute)
+	in, _, flow := startSNATFlow(t, f)
+	ack := in
+	ack.Flags = packet.ACK
+	f.run(ack.Bytes(), f.nic0) // established
+	web := webService()
+	web.table = []uint32{2, 3, 2, 3, 2, 3, 2}
+	f.program(web)
+	departed := reconcile.Departure{SvcID: web.svcID, BackendID: flow.BackendID, Backend: backendRemote1}
+	n, err := reconcile.PurgeFlows(context.Background(), f.maps,
+		reconcile.Stale{Departed: []reconcile.Departure{departed}}, func(reconcile.Departure) bool { return true })
+	if err != nil || n.Flows != 1 {
+		t.Fatalf("purged %+v (%v), want 1 flow", n, err)
+	}
+	if fl, ok, _ := f.maps.Flow(flow.Key()); !ok || !fl.Ended {
+		t.Fatalf("the departed flow's entry is not ended in place: %+v (tracked %v)", fl, ok)
+	}
+	f.setTimeouts(168*time.Hour, time.Hour, time.Hour) // the longest the flags allow
+	var r result
+	f.expectCounters(map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}, func() {
+		r = f.run(ack.Bytes(), f.nic0)
+	})
+	if out := decode(t, r.out); out.Dst == remotePod1 {
+		t.Errorf("the ended flow came back under longer timeouts: the client's packet went to %s", out.Dst)
+	}
+}
+
 // Timeouts hold on the reply path too: a reply to a flow idle past its
 // timeout is dropped and forgets the reverse half, instead of reviving the
 // flow; the client's next packet starts a new one.

@@ -161,16 +161,28 @@ type statusJSON struct {
 // until its first sync.
 func agentStatus(root string, st inspect.Status) (statusJSON, error) {
 	held, holder, err := loader.PinsLocked(root)
-	if err != nil || !held {
+	if err != nil {
 		return statusJSON{Status: st}, err
 	}
-	if own := st.AgentAlive && (holder == 0 || int(st.AgentPID) == holder); !own {
+	return withLockHolder(st, held, holder), nil
+}
+
+// withLockHolder is agentStatus's verdict, given whether the lock is held
+// and by which pid (0: not visible from here).
+func withLockHolder(st inspect.Status, held bool, holder int) statusJSON {
+	if !held {
+		return statusJSON{Status: st}
+	}
+	// A holder this process cannot see (an agent in a pod's pid namespace,
+	// status run from another) is taken to be the one the record names: an
+	// agent records itself as soon as it has loaded the datapath.
+	if own := holder == 0 || st.AgentAlive && int(st.AgentPID) == holder; !own {
 		// The record is an earlier agent's.
 		st.AgentPID, st.Started, st.LastSync = uint32(holder), nil, nil
 		st.Syncs, st.Services, st.Problems = 0, 0, 0
 	}
 	st.AgentAlive = true
-	return statusJSON{Status: st, AgentStarting: st.LastSync == nil}, nil
+	return statusJSON{Status: st, AgentStarting: st.LastSync == nil}
 }
 
 // agentLine is the status's Agent line.

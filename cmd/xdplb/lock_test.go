@@ -6,8 +6,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
+	"github.com/xdplb/xdplb/control/inspect"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
@@ -99,4 +101,46 @@ func TestStatusOfAnAgentStartingWithoutPins(t *testing.T) {
 	if r.code != exitFailure || r.stderr != want {
 		t.Errorf("status: exit %d, %q; want exit 1 and %q", r.code, r.stderr, want)
 	}
+}
+
+// The lock says an agent runs; the record says which and how far it got.
+// A holder not visible from here (an agent in a pod's pid namespace) is the
+// recorded agent; a visible holder that is not the recorded agent is a new
+// one, starting.
+func TestWithLockHolder(t *testing.T) {
+	synced := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	recorded := inspect.Status{AgentPID: 4211, LastSync: &synced, Syncs: 7, Services: 3}
+	tests := []struct {
+		name         string
+		st           inspect.Status
+		held         bool
+		holder       int
+		wantPID      uint32
+		wantStarting bool
+		wantSyncs    uint64
+	}{
+		{"no lock: the record as it is", recorded, false, 0, 4211, false, 7},
+		{"the recorded agent holds it", withAlive(recorded), true, 4211, 4211, false, 7},
+		{"a holder not visible from here", recorded, true, 0, 4211, false, 7},
+		{"another process holds it: starting", withAlive(recorded), true, 5000, 5000, true, 0},
+		{"the recorded agent is dead, another holds it", recorded, true, 5000, 5000, true, 0},
+		{"nothing recorded, a holder not visible", inspect.Status{}, true, 0, 0, true, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := withLockHolder(tc.st, tc.held, tc.holder)
+			if got.AgentPID != tc.wantPID || got.AgentStarting != tc.wantStarting || got.Syncs != tc.wantSyncs {
+				t.Errorf("pid %d, starting %v, syncs %d; want pid %d, starting %v, syncs %d",
+					got.AgentPID, got.AgentStarting, got.Syncs, tc.wantPID, tc.wantStarting, tc.wantSyncs)
+			}
+			if tc.held && !got.AgentAlive {
+				t.Error("a held lock must show the agent as running")
+			}
+		})
+	}
+}
+
+func withAlive(st inspect.Status) inspect.Status {
+	st.AgentAlive = true
+	return st
 }

@@ -7,3 +7,6 @@ func (d *Dataplane) TableIDsByLookups() ([]uint32, error) {
 	err := d.eachTableByLookups(func(id, _ uint32) { ids = append(ids, id) })
 	return ids, err
 }
+
+// EndedAge is how far back DeleteFlow dates an ended entry.
+const EndedAge = endedAge

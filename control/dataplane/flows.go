@@ -23,7 +23,7 @@ type Flow struct {
 	NAT       netip.AddrPort // SNAT source; invalid when the flow is not SNATed
 	TCPState  uint8          // enum ct_tcp_state bits
 	External  bool
-	Ended     bool          // ended by DeleteFlow: the datapath treats it as expired
+	Ended     bool          // ended by DeleteFlow, dated past every timeout
 	Created   time.Duration // CLOCK_MONOTONIC timestamps, as the kernel keeps them
 	LastSeen  time.Duration
 }
@@ -114,18 +114,21 @@ func (d *Dataplane) Flow(k FlowKey) (Flow, bool, error) {
 }
 
 // DeleteFlow ends a flow whose backend is gone or left its port (see
-// reconcile.PurgeFlows). Its conntrack entry stays, marked ended and dated
-// back past every timeout, so the datapath takes it as expired (it reads
-// only the date; the mark is for the agent): the client's next packet replaces it with
-// a new flow, the bucket's hand takes a SNAT port back (its holder check
-// finds the flow over), and a late reply from a backend that still exists
-// (one that left this port only) is dropped and forgets the reverse half,
-// where a missing entry would be rebuilt from it. The reverse half is
-// deleted here when the nat map holds it for this flow; one in a SNAT slot
-// is left to the datapath: writing the slot from here could undo a claim a
-// CPU makes under the slot's lock meanwhile (another backend's flow for
-// the same slot). An ended entry the LRU evicts before a late reply comes
-// is rebuilt by it if its backend still exists.
+// reconcile.PurgeFlows): its conntrack entry goes, and its reverse half
+// when the nat map holds it for this flow.
+//
+// A reverse half in a SNAT slot stays: writing the slot from here could
+// undo a claim a CPU makes under the slot's lock meanwhile (another
+// backend's flow for the same slot). The bucket's hand takes the port back
+// once the flow is over, and a late reply that finds the slot is dropped,
+// forgetting it, unless it can rebuild the flow: the datapath rebuilds a
+// missing forward half from its reverse half when the backend still
+// exists, as it does when one is evicted. So for a backend that still
+// exists (it left this port but serves another) the entry is not deleted
+// but ended: marked, for the agent, and dated so far back (endedAge) that
+// the datapath takes it as expired under any timeout. Rewriting an entry
+// of an LRU map takes a fresh node (on a full map, another entry's), so
+// only those flows are ended that way.
 //
 // f is as a walk of the flows read it. When its tuple carries another
 // flow by now (the datapath re-chose for the client after its backend
@@ -146,15 +149,19 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 	case !sameFlow(f, flowOf(raw, cur)):
 		return false, nil
 	default:
-		expired, err := d.expiredTimestamp()
+		end, err := d.endInPlace(f)
 		if err != nil {
 			return false, fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
 		}
-		cur.Flags |= uint8(xdp.NicCtFlagsCT_F_ENDED)
-		cur.LastSeenNs = expired
-		err = d.m.Conntrack.Update(raw, cur, ebpf.UpdateExist)
+		if end {
+			cur.Flags |= uint8(xdp.NicCtFlagsCT_F_ENDED)
+			cur.LastSeenNs = uint64(Now()) - endedAge
+			err = d.m.Conntrack.Update(raw, cur, ebpf.UpdateExist)
+		} else {
+			err = d.m.Conntrack.Delete(raw)
+		}
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("mark conntrack entry ended: %w", err))
+			errs = append(errs, fmt.Errorf("end conntrack entry: %w", err))
 		}
 	}
 	rk := reverseKey(f)
@@ -175,18 +182,28 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 	return true, nil
 }
 
-// expiredTimestamp is a last-seen time that makes any entry expired: a
-// second more than the longest timeout ago. The datapath computes idle
-// times as now - last_seen in unsigned 64-bit arithmetic, so on a node up
-// for less than that the stamp wraps below zero and the idle time still
-// comes out right.
-func (d *Dataplane) expiredTimestamp() (uint64, error) {
-	var cfg xdp.NicDatapathConfig
-	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
-		return 0, fmt.Errorf("read datapath config: %w", err)
+// endedAge is how far back an ended conntrack entry is dated: about 146
+// years, beyond any timeout. The datapath computes idle times as now -
+// last_seen in unsigned 64-bit arithmetic, so the date wraps below zero
+// and the idle time still comes out as this.
+const endedAge = uint64(1) << 62
+
+// endInPlace tells whether f's entry must be ended rather than deleted: its
+// reverse half is in a SNAT slot, which stays, and its backend still
+// exists, so a late reply could rebuild a deleted entry from the slot.
+func (d *Dataplane) endInPlace(f Flow) (bool, error) {
+	_, _, inSlot, err := d.reverseSlot(f)
+	if err != nil || !inSlot {
+		return false, err
 	}
-	longest := max(cfg.TcpEstablishedTimeoutNs, cfg.TcpTransientTimeoutNs, cfg.UdpTimeoutNs)
-	return uint64(Now()) - longest - uint64(time.Second), nil
+	var b xdp.NicBackend
+	switch err := d.m.Backends.Lookup(f.BackendID, &b); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read backend %d: %w", f.BackendID, err)
+	}
+	return b.Addr == xdp.AddrToNet(f.Backend.Addr()) && b.Port == xdp.PortToNet(f.Backend.Port()), nil
 }
 
 // sameFlow tells whether two readings of a tuple's conntrack entry are one

@@ -76,6 +76,9 @@ func flowRow(fl dataplane.Flow, service string, now time.Duration) Flow {
 		AgeSec:  seconds(now - fl.Created),
 		IdleSec: seconds(now - fl.LastSeen),
 	}
+	if fl.Ended {
+		row.IdleSec = row.AgeSec // dated far back when ended: not an idle time
+	}
 	if fl.NAT.IsValid() {
 		row.NAT = fl.NAT.String()
 	}

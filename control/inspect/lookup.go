@@ -178,6 +178,9 @@ func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.Ni
 	if !fl.External {
 		return "for traffic from inside the node"
 	}
+	if fl.Ended {
+		return "ended by the agent (its backend left the service port)"
+	}
 	timeout := time.Duration(cfg.UdpTimeoutNs)
 	if fl.Proto == dataplane.TCP {
 		timeout = time.Duration(cfg.TcpTransientTimeoutNs)
