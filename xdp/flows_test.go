@@ -832,14 +832,12 @@ func TestSNATFlowMovesIntoANewPortRange(t *testing.T) {
 	}
 }
 
-// A backend that leaves a port but stays in another Service keeps its id
-// and its backends entry: the agent ends the port's flows to it
-// (reconcile.PurgeFlows). A late reply from it finds the flow's SNAT slot
-// and must not bring the flow back; the client's next packet starts a new
-// flow of the port, which no longer leads to that backend.
-func TestDepartedFlowIsNotRebuiltByALateReply(t *testing.T) {
-	f := newFixture(t)
-	in, sent, flow := startSNATFlow(t, f)
+// departFromWeb takes the backend of a flow of webService's (remote
+// backend 1) out of the port's table, as when it left the Service but
+// stays in another (its id and backends entry stay), and has the agent's
+// purge end the flow.
+func departFromWeb(t *testing.T, f *fixture, flow dataplane.Flow) {
+	t.Helper()
 	web := webService()
 	web.table = []uint32{2, 3, 2, 3, 2, 3, 2}
 	f.program(web)
@@ -849,6 +847,17 @@ func TestDepartedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	if err != nil || n.Flows != 1 {
 		t.Fatalf("purged %+v (%v), want 1 flow", n, err)
 	}
+}
+
+// A backend that leaves a port but stays in another Service keeps its id
+// and its backends entry: the agent ends the port's flows to it
+// (reconcile.PurgeFlows). A late reply from it finds the flow's SNAT slot
+// and must not bring the flow back; the client's next packet starts a new
+// flow of the port, which no longer leads to that backend.
+func TestDepartedFlowIsNotRebuiltByALateReply(t *testing.T) {
+	f := newFixture(t)
+	in, sent, flow := startSNATFlow(t, f)
+	departFromWeb(t, f, flow)
 	f.ageReverse(flow)
 	reply := packet.Frame{Src: remotePod1, Dst: nic1Addr, Proto: packet.TCP, SrcPort: podPort, DstPort: sent.SrcPort, Flags: packet.ACK}
 	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
@@ -878,15 +887,7 @@ func TestEndedFlowStaysOverUnderLongerTimeouts(t *testing.T) {
 	ack := in
 	ack.Flags = packet.ACK
 	f.run(ack.Bytes(), f.nic0) // established
-	web := webService()
-	web.table = []uint32{2, 3, 2, 3, 2, 3, 2}
-	f.program(web)
-	departed := reconcile.Departure{SvcID: web.svcID, BackendID: flow.BackendID, Backend: backendRemote1}
-	n, err := reconcile.PurgeFlows(context.Background(), f.maps,
-		reconcile.Stale{Departed: []reconcile.Departure{departed}}, func(reconcile.Departure) bool { return true })
-	if err != nil || n.Flows != 1 {
-		t.Fatalf("purged %+v (%v), want 1 flow", n, err)
-	}
+	departFromWeb(t, f, flow)
 	if fl, ok, _ := f.maps.Flow(flow.Key()); !ok || !fl.Ended {
 		t.Fatalf("the departed flow's entry is not ended in place: %+v (tracked %v)", fl, ok)
 	}
