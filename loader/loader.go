@@ -7,11 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -44,12 +42,6 @@ type Maps struct {
 	AgentState       *ebpf.Map
 	RouteReuse       *ebpf.Map
 }
-
-// removeMemlock lifts RLIMIT_MEMLOCK, once, where the kernel charges BPF
-// maps to it (before 5.11; a no-op on kernels that charge them to the
-// memory cgroup): the default limit is far below the datapath's maps,
-// and map creation over it fails with EPERM.
-var removeMemlock = sync.OnceValue(rlimit.RemoveMemlock)
 
 // newFlowRoutes is the pinned map of routes new flows reuse (a cache).
 const newFlowRoutes = "new_flow_routes"
@@ -140,7 +132,11 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid datapath options: %w", err)
 	}
-	if err := removeMemlock(); err != nil {
+	// Where the kernel charges BPF maps to RLIMIT_MEMLOCK (before 5.11;
+	// a no-op where it charges them to the memory cgroup), the default
+	// limit is far below the datapath's maps, and map creation over it
+	// fails with EPERM.
+	if err := opts.faults.removeMemlock(); err != nil {
 		return nil, explainMemlockError(err)
 	}
 	if err := ensureBPFFS(opts.PinRoot, log); err != nil {

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"os"
 	"time"
+
+	"github.com/cilium/ebpf/rlimit"
 )
 
 // DefaultPinRoot is where bpffs is mounted on a normal host.
@@ -39,6 +42,30 @@ type Options struct {
 	// limits its own errors (fragmentation needed is never limited);
 	// 0: no limit.
 	ICMPRate uint32
+
+	// faults stand in for system calls tests make fail; the zero value
+	// makes the real ones.
+	faults faults
+}
+
+// faults are the system calls a load makes that tests can make fail.
+type faults struct {
+	liftMemlock func() error                // rlimit.RemoveMemlock
+	renamePin   func(from, to string) error // os.Rename, moving pinned maps into place
+}
+
+func (f faults) removeMemlock() error {
+	if f.liftMemlock != nil {
+		return f.liftMemlock()
+	}
+	return rlimit.RemoveMemlock()
+}
+
+func (f faults) rename(from, to string) error {
+	if f.renamePin != nil {
+		return f.renamePin(from, to)
+	}
+	return os.Rename(from, to)
 }
 
 // MaxICMPRate is the highest ICMPRate: one error a nanosecond.

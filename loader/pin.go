@@ -135,7 +135,7 @@ var errSlotsUnhinted = errors.New("SNAT slots placed without bucket hints")
 // that cannot be opened or created, a program the verifier refuses)
 // leaves them as they were, and the next start copies from them again.
 func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) (_ *mapReplacements, err error) {
-	r := &mapReplacements{dir: dir, log: log}
+	r := &mapReplacements{dir: dir, log: log, faults: opts.faults}
 	defer func() {
 		if err != nil {
 			r.Close()
@@ -290,6 +290,8 @@ type mapReplacements struct {
 	maps  []*replacement // in name order
 	hints *replacement   // fresh SNAT bucket hints, if any: swapped last
 	log   *slog.Logger
+	// faults is the load's: the renames that move pins go through it.
+	faults faults
 }
 
 // byName returns the replacement maps by name, for the collection loader.
@@ -321,9 +323,6 @@ func (r *mapReplacements) Close() {
 // they replace, before moving them into place. It is not the maps'
 // directory, whose names are the maps'; bpffs refuses names with dots.
 func stagingDir(mapsDir string) string { return filepath.Join(filepath.Dir(mapsDir), "maps-replacing") }
-
-// renamePin moves a pin (os.Rename; tests make it fail).
-var renamePin = os.Rename
 
 // commit puts the replacements in place of the pinned maps they replace,
 // all of them or none. Every replacement is first pinned in a staging
@@ -371,7 +370,7 @@ func (r *mapReplacements) commit() (err error) {
 	}
 
 	for i, repl := range all {
-		if err := renamePin(filepath.Join(staging, repl.name), filepath.Join(r.dir, repl.name)); err != nil {
+		if err := r.faults.rename(filepath.Join(staging, repl.name), filepath.Join(r.dir, repl.name)); err != nil {
 			err = fmt.Errorf("replace pinned maps: move new map %s into place: %w", repl.name, err)
 			return r.rollback(all[:i], hadPin, err)
 		}
@@ -394,7 +393,7 @@ func (r *mapReplacements) rollback(swapped []*replacement, hadPin map[string]boo
 		path := filepath.Join(r.dir, repl.name)
 		var err error
 		if hadPin[repl.name] {
-			err = renamePin(filepath.Join(stagingDir(r.dir), "old-"+repl.name), path)
+			err = r.faults.rename(filepath.Join(stagingDir(r.dir), "old-"+repl.name), path)
 		} else {
 			err = os.Remove(path)
 		}

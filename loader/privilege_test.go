@@ -150,8 +150,8 @@ func TestLoadLiftsMemlockFirst(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := testenv.BPFFS(t)
-			loader.FailMemlock(t, fmt.Errorf("failed to set memlock rlimit: %w", tc.err))
-			dp, err := loader.Load(smallOptions(root), nil)
+			opts := loader.WithMemlockError(smallOptions(root), fmt.Errorf("failed to set memlock rlimit: %w", tc.err))
+			dp, err := loader.Load(opts, nil)
 			if err == nil {
 				dp.Close()
 				t.Fatal("loaded without lifting RLIMIT_MEMLOCK")

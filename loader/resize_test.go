@@ -319,13 +319,13 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 			dp.Close()
 			pinned := pinnedMapIDs(t, root)
 
-			loader.FailPinRenames(t, func(from, to string) error {
+			failing := loader.WithPinRenames(doubled(opts), func(from, to string) error {
 				if slices.Contains(tc.fail, filepath.Base(from)) {
 					return errInjected
 				}
 				return os.Rename(from, to)
 			})
-			dp, err = loader.Load(doubled(opts), nil)
+			dp, err = loader.Load(failing, nil)
 			if err == nil {
 				dp.Close()
 				t.Fatal("loaded with a pin that could not be moved")
