@@ -2,19 +2,28 @@ package loader
 
 import "github.com/cilium/ebpf"
 
+// SetXDPProgram makes AttachNIC attach prog as the XDP program.
+func (d *Datapath) SetXDPProgram(prog *ebpf.Program) { d.nic = prog }
+
 // WithPinRenames returns opts whose load moves pinned maps into place
 // through rename.
 func WithPinRenames(opts Options, rename func(from, to string) error) Options {
-	opts.faults.renamePin = rename
-	return opts
+	return withFaults(opts, func(f *faults) { f.renamePin = rename })
 }
-
-// SetXDPProgram makes AttachNIC attach prog as the XDP program.
-func (d *Datapath) SetXDPProgram(prog *ebpf.Program) { d.nic = prog }
 
 // WithMemlockError returns opts whose load fails to lift RLIMIT_MEMLOCK
 // with err.
 func WithMemlockError(opts Options, err error) Options {
-	opts.faults.liftMemlock = func() error { return err }
+	return withFaults(opts, func(f *faults) { f.liftMemlock = func() error { return err } })
+}
+
+// withFaults returns opts with a copy of its faults changed by set.
+func withFaults(opts Options, set func(*faults)) Options {
+	f := faults{}
+	if opts.faults != nil {
+		f = *opts.faults
+	}
+	set(&f)
+	opts.faults = &f
 	return opts
 }

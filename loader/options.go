@@ -43,9 +43,9 @@ type Options struct {
 	// 0: no limit.
 	ICMPRate uint32
 
-	// faults stand in for system calls tests make fail; the zero value
-	// makes the real ones.
-	faults faults
+	// faults stand in for system calls tests make fail; nil makes the
+	// real ones (a pointer keeps Options comparable).
+	faults *faults
 }
 
 // faults are the system calls a load makes that tests can make fail.
@@ -54,15 +54,15 @@ type faults struct {
 	renamePin   func(from, to string) error // os.Rename, moving pinned maps into place
 }
 
-func (f faults) removeMemlock() error {
-	if f.liftMemlock != nil {
+func (f *faults) removeMemlock() error {
+	if f != nil && f.liftMemlock != nil {
 		return f.liftMemlock()
 	}
 	return rlimit.RemoveMemlock()
 }
 
-func (f faults) rename(from, to string) error {
-	if f.renamePin != nil {
+func (f *faults) rename(from, to string) error {
+	if f != nil && f.renamePin != nil {
 		return f.renamePin(from, to)
 	}
 	return os.Rename(from, to)

@@ -291,7 +291,7 @@ type mapReplacements struct {
 	hints *replacement   // fresh SNAT bucket hints, if any: swapped last
 	log   *slog.Logger
 	// faults is the load's: the renames that move pins go through it.
-	faults faults
+	faults *faults
 }
 
 // byName returns the replacement maps by name, for the collection loader.
