@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,7 +17,8 @@ import (
 // when the test ends at the latest.
 //
 // The holder is util-linux flock(1) on the pin directory; --close keeps
-// the lock out of the command it runs, so it dies with flock.
+// the lock out of the command it runs, so it dies with flock, and both
+// run in a process group of their own, killed together.
 func HoldPinLock(t testing.TB, pinRoot string) (pid int, kill func()) {
 	t.Helper()
 	dir := filepath.Join(pinRoot, "xdplb")
@@ -24,11 +26,12 @@ func HoldPinLock(t testing.TB, pinRoot string) (pid int, kill func()) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("flock", "--exclusive", "--close", dir, "sleep", "3600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start a pin lock holder: %v", err)
 	}
 	kill = func() {
-		cmd.Process.Kill()
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		cmd.Wait()
 	}
 	t.Cleanup(kill)
