@@ -77,14 +77,7 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 			ns.IP("link", "set", "lo", "up")
 			vethUp(ns, "edge0", "edge1", "192.0.2.1/24")
 			vethUp(ns, "edge2", "edge3", "198.51.100.1/24")
-			services := filepath.Join(t.TempDir(), "services.yaml")
-			if err := os.WriteFile(services, nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			opts := loader.DefaultOptions()
-			opts.PinRoot = testenv.BPFFS(t)
-			opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-			cfg := Config{XDPMode: loader.XDPNative, Datapath: opts, ServicesFile: services}
+			cfg := fileConfig(t)
 
 			var logged bytes.Buffer
 			start := func(ifaces []string, check func(a *Agent) error) {
@@ -105,7 +98,7 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 			}
 			start(c.first, func(*Agent) error { return nil })
 			if c.between != nil {
-				c.between(ns, filepath.Join(loader.Dir(opts.PinRoot), "links"))
+				c.between(ns, filepath.Join(loader.Dir(cfg.Datapath.PinRoot), "links"))
 			}
 			start(c.second, func(a *Agent) error {
 				var want []uint32
@@ -157,7 +150,7 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 			if !slices.Equal(detachedLogged, c.logged) {
 				t.Errorf("logged detaching %v, want %v", detachedLogged, c.logged)
 			}
-			pinned, err := os.ReadDir(filepath.Join(loader.Dir(opts.PinRoot), "links"))
+			pinned, err := os.ReadDir(filepath.Join(loader.Dir(cfg.Datapath.PinRoot), "links"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,6 +185,20 @@ func mapKeys[V any](iter interface {
 }
 
 // vethUp creates a veth pair in ns, both ends up, with addr on the first.
+// fileConfig is an agent's configuration for a test: native XDP on ifaces,
+// small maps pinned on a private bpffs, Services from an empty file.
+func fileConfig(t *testing.T, ifaces ...string) Config {
+	t.Helper()
+	services := filepath.Join(t.TempDir(), "services.yaml")
+	if err := os.WriteFile(services, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := loader.DefaultOptions()
+	opts.PinRoot = testenv.BPFFS(t)
+	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
+	return Config{Interfaces: ifaces, XDPMode: loader.XDPNative, Datapath: opts, ServicesFile: services}
+}
+
 func vethUp(ns *testenv.Netns, name, peer, addr string) {
 	ns.IP("link", "add", name, "type", "veth", "peer", "name", peer)
 	ns.IP("link", "set", name, "up")

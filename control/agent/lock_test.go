@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -27,14 +26,8 @@ func TestSecondAgentOnThePinsFails(t *testing.T) {
 		ns.IP("link", "set", name, "up")
 		ns.IP("link", "set", peer, "up")
 	}
-	services := filepath.Join(t.TempDir(), "services.yaml")
-	if err := os.WriteFile(services, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	opts := loader.DefaultOptions()
-	opts.PinRoot = testenv.BPFFS(t)
-	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-	cfg := Config{Interfaces: []string{"edge0"}, XDPMode: loader.XDPNative, Datapath: opts, ServicesFile: services}
+	cfg := fileConfig(t, "edge0")
+	opts := cfg.Datapath
 	xdpProg := func(name string) uint32 {
 		l, err := netlink.LinkByName(name)
 		if err != nil {

@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
 
@@ -122,14 +120,8 @@ func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 			ns.IP("link", "add", "edge0", "type", "veth", "peer", "name", "edge1")
 			ns.IP("link", "set", "edge0", "up")
 			ns.IP("link", "set", "edge1", "up")
-			services := filepath.Join(t.TempDir(), "services.yaml")
-			if err := os.WriteFile(services, nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			opts := loader.DefaultOptions()
-			opts.PinRoot = testenv.BPFFS(t)
-			opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
-			cfg := Config{Interfaces: []string{"edge0"}, XDPMode: loader.XDPNative, Datapath: opts, ServicesFile: services}
+			cfg := fileConfig(t, "edge0")
+			opts := cfg.Datapath
 			var reserved string
 			err := ns.Do(func() error {
 				if c.earlier {

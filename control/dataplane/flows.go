@@ -189,12 +189,13 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 const endedAge = uint64(1) << 62
 
 // endInPlace tells whether f's entry must be ended rather than deleted: its
-// reverse half is in a SNAT slot, which stays, and its backend still
-// exists, so a late reply could rebuild a deleted entry from the slot.
+// backend still exists and its reverse half is in a SNAT slot, which
+// stays, so a late reply could rebuild a deleted entry from the slot. The
+// backend is checked first: a purge of removed backends, the large one,
+// then reads nothing more.
 func (d *Dataplane) endInPlace(f Flow) (bool, error) {
-	_, _, inSlot, err := d.reverseSlot(f)
-	if err != nil || !inSlot {
-		return false, err
+	if !f.NAT.IsValid() {
+		return false, nil // no SNAT slot
 	}
 	var b xdp.NicBackend
 	switch err := d.m.Backends.Lookup(f.BackendID, &b); {
@@ -203,7 +204,11 @@ func (d *Dataplane) endInPlace(f Flow) (bool, error) {
 	case err != nil:
 		return false, fmt.Errorf("read backend %d: %w", f.BackendID, err)
 	}
-	return b.Addr == xdp.AddrToNet(f.Backend.Addr()) && b.Port == xdp.PortToNet(f.Backend.Port()), nil
+	if b.Addr != xdp.AddrToNet(f.Backend.Addr()) || b.Port != xdp.PortToNet(f.Backend.Port()) {
+		return false, nil
+	}
+	_, _, inSlot, err := d.reverseSlot(f)
+	return inSlot, err
 }
 
 // sameFlow tells whether two readings of a tuple's conntrack entry are one

@@ -107,8 +107,6 @@ static __always_inline int ct_usable(const struct ct_entry *ct, const struct pac
 	return 1;
 }
 
-/* Whether a port's bit is set in a port bitmap (frontend_ports,
- * host_backend_ports). */
 /* A TCP packet without SYN: part of a connection under way, which a RST
  * ends at the client at once. */
 static __always_inline int tcp_mid_connection(const struct packet *pkt)
@@ -116,6 +114,8 @@ static __always_inline int tcp_mid_connection(const struct packet *pkt)
 	return pkt->proto == IPPROTO_TCP && !(pkt->tcp_flags & TCP_FLAG_SYN);
 }
 
+/* Whether a port's bit is set in a port bitmap (frontend_ports,
+ * host_backend_ports). */
 static __always_inline int port_in_bitmap(void *bitmap, __be16 port)
 {
 	__u32 p = bpf_ntohs(port), word = p / 64;
