@@ -1367,6 +1367,76 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	})
 }
 
+// TestClosingFlowYieldsItsReplyTupleToANewConnection: a client that
+// reuses its port for another frontend after its connection to the same
+// backend closed (the backend sees one tuple reused, as after TIME_WAIT)
+// gets the reply tuple; the closed connection ends at its next check.
+func TestClosingFlowYieldsItsReplyTupleToANewConnection(t *testing.T) {
+	for _, closing := range []struct {
+		name  string
+		flags uint8
+	}{
+		{"FIN", packet.FIN | packet.ACK},
+		{"RST", packet.RST},
+	} {
+		t.Run(closing.name, func(t *testing.T) {
+			f := newFixture(t)
+			svc := webService()
+			svc.backends = map[uint32]dataplane.Backend{3: backendLocal}
+			svc.table = []uint32{3, 3, 3, 3, 3, 3, 3}
+			f.program(svc)
+			const clientPort = 7002
+			replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(podPort),
+				Daddr: xdp.AddrToNet(clientAddr), Dport: xdp.PortToNet(clientPort), Proto: packet.TCP}
+			started := map[string]uint64{"new_flow": 1, "pass_to_stack": 1}
+			toNodePort := tcpFrame(clientAddr, clientPort, nodeAddr, nodePort, packet.SYN, "")
+			f.expectCounters(started, func() {
+				f.expectVerdict(f.run(toNodePort.Bytes(), f.nic0), xdpPass)
+			})
+			established := toNodePort
+			established.Flags = packet.ACK
+			f.expectVerdict(f.run(established.Bytes(), f.nic0), xdpPass)
+
+			// While the first connection is open, a SYN through the LB IP
+			// is refused.
+			toLB := tcpFrame(clientAddr, clientPort, lbIP, lbPort, packet.SYN, "")
+			f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+				f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpDrop)
+			})
+
+			closed := toNodePort
+			closed.Flags = closing.flags
+			f.expectVerdict(f.run(closed.Bytes(), f.nic0), xdpPass)
+			// A packet without SYN does not open a connection: refused
+			// still, with a RST.
+			midConnection := toLB
+			midConnection.Flags = packet.ACK
+			f.expectReset(midConnection, "rst_reply_tuple_taken")
+
+			f.expectCounters(started, func() {
+				f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpPass)
+			})
+			var rev xdp.NicNatEntry
+			if err := f.dp.Maps.NAT.Lookup(replyTuple, &rev); err != nil {
+				t.Fatalf("reverse half of the reply tuple: %v", err)
+			}
+			if got := netip.AddrPortFrom(xdp.NetToAddr(rev.FrontendAddr), xdp.NetToPort(rev.FrontendPort)); got != netip.AddrPortFrom(lbIP, lbPort) {
+				t.Fatalf("replies leave as %s, want the new connection's frontend %s:%d", got, lbIP, lbPort)
+			}
+
+			// The closed connection's late ACK, after its once-a-second
+			// check, ends it; the new connection keeps the tuple.
+			first := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
+				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+			f.ageFlow(first)
+			f.expectReset(established, "rst_reply_tuple_taken")
+			if err := f.dp.Maps.NAT.Lookup(replyTuple, &rev); err != nil || xdp.NetToAddr(rev.FrontendAddr) != lbIP {
+				t.Errorf("after the closed connection's check the reply tuple is %+v, %v; want the new connection's", rev, err)
+			}
+		})
+	}
+}
+
 // expectReset runs a TCP packet from a client through the NIC program
 // and expects a RST back to the client, counted once as counter.
 func (f *fixture) expectReset(in packet.Frame, counter string) {

@@ -137,6 +137,30 @@ func TestK8sFrontends(t *testing.T) {
 		}
 	})
 
+	t.Run("APodReusesItsPortForAnotherFrontend", func(t *testing.T) {
+		// A pod's kernel may give the port of a closed connection to a
+		// connection to another address; when both frontends choose the
+		// same backend, the backend sees its old connection's tuple
+		// reused, and the new connection must go through.
+		viaLB, viaNodePort := "203.0.113.10:9000", hostPort(edge, 30090)
+		for port := uint16(41000); port < 41020; port++ {
+			src := netip.AddrPortFrom(client.Addr, port)
+			first, second := c.edge.lookup(t, protoTCP, src, viaLB), c.edge.lookup(t, protoTCP, src, viaNodePort)
+			if first.Backend == "" || first.Backend != second.Backend {
+				continue
+			}
+			a, err := hello(client.NS, src, viaLB)
+			wantAnswer(t, "LoadBalancer IP from "+src.String(), a, err, client.Addr.String(), remote1, remote2)
+			a, err = hello(client.NS, src, viaNodePort)
+			wantAnswer(t, "then NodePort from the same port", a, err, client.Addr.String(), remote1, remote2)
+			if want := podByAddr(c.pods, first.Backend); err == nil && (want == nil || a.Pod != want.Name) {
+				t.Errorf("NodePort from %s reached %s, want %s", src, a.Pod, first.Backend)
+			}
+			return
+		}
+		t.Fatal("no source port in 41000-41019 that both frontends send to one backend")
+	})
+
 	t.Run("IngressInProxyModeIsNotCaptured", func(t *testing.T) {
 		// The external load balancer handles such an address: the node
 		// must leave it alone.

@@ -77,6 +77,12 @@ static __always_inline void ct_touch(struct ct_entry *ct, __u8 proto, __u8 tcp_f
 		ct->last_seen_ns = now;
 }
 
+/* Is the TCP connection being opened: its client's SYN seen, nothing else? */
+static __always_inline int ct_tcp_opening(const struct ct_entry *ct)
+{
+	return ct->tcp_state == CT_TCP_SYN;
+}
+
 /* A SYN on a tuple whose previous connection closed starts a new flow. */
 static __always_inline int ct_reused_tuple(const struct ct_entry *ct, __u8 tcp_flags)
 {
