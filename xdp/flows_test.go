@@ -1068,6 +1068,55 @@ func startSNATFlow(t *testing.T, f *fixture) (in, sent packet.Frame, flow datapl
 	return in, sent, flow
 }
 
+// A FIN or RST from the backend closes the flow as one from the client
+// does: its state says so, and it is held to the transient timeout.
+func TestBackendsFINOrRSTClosesTheFlow(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags uint8
+		state xdp.NicCtTcpState
+	}{
+		{"FIN", packet.FIN | packet.ACK, xdp.NicCtTcpStateCT_TCP_FIN},
+		{"RST", packet.RST, xdp.NicCtTcpStateCT_TCP_RST},
+		{"ACK: still open", packet.ACK, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			in, sent, _ := startSNATFlow(t, f)
+			established := in
+			established.Flags = packet.ACK
+			f.expectVerdict(f.run(established.Bytes(), f.nic0), xdpRedirect)
+			reply := packet.Frame{Src: sent.Dst, Dst: sent.Src, Proto: packet.TCP, SrcPort: sent.DstPort,
+				DstPort: sent.SrcPort, Flags: tc.flags}
+			f.expectCounters(map[string]uint64{"reverse_nat": 1, "redirect": 1}, func() {
+				f.run(reply.Bytes(), f.nic1)
+			})
+
+			key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort),
+				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+			var e xdp.NicCtEntry
+			if err := f.dp.Maps.Conntrack.Lookup(ctKeyOf(key), &e); err != nil {
+				t.Fatal(err)
+			}
+			const closing = xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_RST
+			if got := xdp.NicCtTcpState(e.TcpState) & closing; got != tc.state {
+				t.Errorf("state bits %#x after the reply, want %#x", got, tc.state)
+			}
+			f.setTimeouts(time.Hour, 20*time.Millisecond, time.Hour)
+			time.Sleep(50 * time.Millisecond)
+			// Past the transient timeout, a closed flow's next packet
+			// starts a new one; an open flow goes on.
+			want := map[string]uint64{"redirect": 1}
+			if tc.state != 0 {
+				want = map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}
+			}
+			f.expectCounters(want, func() {
+				f.run(established.Bytes(), f.nic0)
+			})
+		})
+	}
+}
+
 // ctKeyOf is a flow's conntrack key.
 func ctKeyOf(k dataplane.FlowKey) xdp.NicCtKey {
 	return xdp.NicCtKey{Saddr: xdp.AddrToNet(k.Client.Addr()), Daddr: xdp.AddrToNet(k.Frontend.Addr()),

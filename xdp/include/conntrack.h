@@ -64,17 +64,26 @@ static __always_inline __u8 ct_tcp_next_state(__u8 state, __u8 tcp_flags)
 	return state;
 }
 
-/* Update timestamps and TCP state of a live entry, writing only on change. */
-static __always_inline void ct_touch(struct ct_entry *ct, __u8 proto, __u8 tcp_flags, __u64 now)
-{
-	if (proto == IPPROTO_TCP) {
-		__u8 next = ct_tcp_next_state(ct->tcp_state, tcp_flags);
+_Static_assert(__builtin_offsetof(struct ct_entry, tcp_state) % 4 == 0,
+	       "tcp_state must start a 32-bit word: ct_add_tcp_state ORs into it");
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ct_add_tcp_state assumes tcp_state is the word's low byte"
+#endif
 
-		if (next != ct->tcp_state)
-			ct->tcp_state = next;
-	}
-	if (now - ct->last_seen_ns > NSEC_PER_SEC)
-		ct->last_seen_ns = now;
+/*
+ * Add TCP state bits to a live entry, writing only when one is new. Both
+ * directions add them, on any CPU (a client's packet, a reply's FIN or
+ * RST): a plain store of the byte could undo a bit another CPU added a
+ * moment before, and a lost RST leaves a closed connection the
+ * established timeout. BPF has no atomic on a byte, so the bits are ORed
+ * into the 32-bit word that starts with tcp_state (bits are only ever
+ * added in place; flags and pad, the word's other bytes, are not written
+ * in place).
+ */
+static __always_inline void ct_add_tcp_state(struct ct_entry *ct, __u8 bits)
+{
+	if ((ct->tcp_state & bits) != bits)
+		__sync_fetch_and_or((__u32 *)&ct->tcp_state, (__u32)bits);
 }
 
 /* Is the TCP connection being opened: its client's SYN seen, nothing else? */

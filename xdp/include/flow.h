@@ -336,12 +336,8 @@ static __always_inline enum flow_verdict flow_touch(const struct ct_key *key, st
 				      const struct packet *pkt, const struct datapath_config *cfg,
 				      __u64 now, enum stat *reason)
 {
-	if (pkt->proto == IPPROTO_TCP) {
-		__u8 next = ct_tcp_next_state(ct->tcp_state, pkt->tcp_flags);
-
-		if (next != ct->tcp_state)
-			ct->tcp_state = next;
-	}
+	if (pkt->proto == IPPROTO_TCP)
+		ct_add_tcp_state(ct, ct_tcp_next_state(0, pkt->tcp_flags));
 	if (now - ct->last_seen_ns <= NSEC_PER_SEC)
 		return FLOW_TRACKED;
 	ct->last_seen_ns = now;
@@ -437,9 +433,9 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 		return -1;
 	} else {
 		if (pkt->tcp_flags & TCP_FLAG_RST)
-			ct->tcp_state |= CT_TCP_RST;
+			ct_add_tcp_state(ct, CT_TCP_RST);
 		if (pkt->tcp_flags & TCP_FLAG_FIN)
-			ct->tcp_state |= CT_TCP_FIN;
+			ct_add_tcp_state(ct, CT_TCP_FIN);
 		if (refresh)
 			ct->last_seen_ns = now;
 	}
