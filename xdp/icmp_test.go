@@ -1,9 +1,12 @@
 package xdp_test
 
 import (
+	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -69,6 +72,49 @@ func startRemoteFlow(t *testing.T, f *fixture) (in, sent packet.Frame) {
 func replyOf(in packet.Frame) packet.Frame {
 	return packet.Frame{Src: in.Dst, Dst: in.Src, Proto: in.Proto, TTL: 64,
 		SrcPort: in.DstPort, DstPort: in.SrcPort, Flags: packet.SYN | packet.ACK}
+}
+
+// An ICMP error about a flow that is over (idle past its timeout) is not
+// translated: the flow's other end may use the tuple for another
+// connection by now. It goes to the stack as it came.
+func TestICMPErrorsAboutFlowsThatAreOverPass(t *testing.T) {
+	router := netip.MustParseAddr("192.0.2.254")
+	gw := netip.MustParseAddr("10.1.0.2")
+	for _, tc := range []struct {
+		name  string
+		error func(in, sent packet.Frame) packet.Frame
+		nic   func(f *fixture) int
+	}{
+		{"about a reply to the client", func(in, _ packet.Frame) packet.Frame {
+			return icmpError(gw0MAC, router, nodeAddr, 4, replyOf(in))
+		}, func(f *fixture) int { return f.nic0 }},
+		{"about a packet to the backend", func(_, sent packet.Frame) packet.Frame {
+			return icmpError(gwMAC, gw, sent.Src, 4, sent)
+		}, func(f *fixture) int { return f.nic1 }},
+	} {
+		for _, over := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/over=%v", tc.name, over), func(t *testing.T) {
+				f := newFixture(t)
+				f.program(webService())
+				in, sent := startRemoteFlow(t, f)
+				if over {
+					f.setTimeouts(time.Millisecond, time.Millisecond, time.Millisecond)
+					time.Sleep(20 * time.Millisecond)
+				}
+				icmp := tc.error(in, sent)
+				want, verdict := map[string]uint64{"icmp_translated": 1, "redirect": 1}, uint32(xdpRedirect)
+				if over {
+					want, verdict = map[string]uint64{"pass_icmp": 1}, xdpPass
+				}
+				var r result
+				f.expectCounters(want, func() { r = f.run(icmp.Bytes(), tc.nic(f)) })
+				f.expectVerdict(r, verdict)
+				if over && !bytes.Equal(r.out, icmp.Bytes()) {
+					t.Errorf("the error about a flow that is over was changed")
+				}
+			})
+		}
+	}
 }
 
 // An ICMP error about a translated flow reaches the other end of the flow

@@ -5,7 +5,8 @@
  * Whoever cannot deliver a packet xdplb translated (a router on the way,
  * the backend or client itself: "fragmentation needed" for path MTU
  * discovery, "port unreachable") reports it to the packet's source, quoting
- * the packet as it was sent on. Two kinds are translated back:
+ * the packet as it was sent on. Two kinds are translated back, while the
+ * flow lives (an error about a flow that is over is left to the stack):
  *
  *   - about a packet sent towards a backend: addressed to the node's SNAT
  *     address (or the client itself, without SNAT), the quote is looked up
@@ -105,25 +106,41 @@ static __always_inline void icmp_forward_rewrite(const struct packet *pkt,
 	rw->saddr = pkt->saddr == quote->ip.daddr ? entry->frontend_addr : pkt->saddr;
 }
 
+/* Is a tracked flow over: idle past its timeout, or ended by the agent? */
+static __always_inline int icmp_flow_over(const struct ct_entry *ct, __u8 proto)
+{
+	const struct datapath_config *cfg = config_get();
+
+	return cfg && ct_expired(ct, proto, cfg, bpf_ktime_get_coarse_ns());
+}
+
 /* An error about a packet sent towards a backend: the quote is a reply
- * tuple reversed. 0 and *rw filled when it is one of ours. */
+ * tuple reversed. 0 and *rw filled when it is one of ours, and its flow
+ * is live: not over, nor another's now (a forward entry that was evicted
+ * counts as live, as for replies, which rebuild it). */
 static __always_inline int icmp_about_forward(const struct packet *pkt,
 					      const struct icmp_quote *quote,
 					      struct icmp_rewrite *rw)
 {
 	struct nat_entry *entry;
+	struct ct_entry *ct;
 	struct nat_key key;
+	struct ct_key flow;
 
 	icmp_quoted_reply(quote, &key);
 	entry = reverse_lookup(&key);
 	if (!entry)
+		return -1;
+	ct_key_of_nat(&key, entry, &flow);
+	ct = bpf_map_lookup_elem(&conntrack, &flow);
+	if (ct && (!ct_answers_to(ct, &key) || icmp_flow_over(ct, flow.proto)))
 		return -1;
 	icmp_forward_rewrite(pkt, quote, entry, rw);
 	return 0;
 }
 
 /* An error about a reply sent to a client: the quote is the client's flow
- * reversed. 0 and *rw filled when it is one of ours. */
+ * reversed. 0 and *rw filled when it is one of ours, and live. */
 static __always_inline int icmp_about_reply(const struct packet *pkt,
 					    const struct icmp_quote *quote,
 					    struct icmp_rewrite *rw)
@@ -134,7 +151,7 @@ static __always_inline int icmp_about_reply(const struct packet *pkt,
 	ct_key_set(&flow, quote->ip.daddr, quote->ip.saddr, quote->dport, quote->sport,
 		   quote->ip.protocol);
 	ct = bpf_map_lookup_elem(&conntrack, &flow);
-	if (!ct)
+	if (!ct || icmp_flow_over(ct, flow.proto))
 		return -1;
 	rw->quote_saddr = ct->backend_addr;
 	rw->quote_sport = ct->backend_port;
