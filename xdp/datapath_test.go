@@ -329,7 +329,10 @@ func TestNoEndpointsRefusesTCPWithRST(t *testing.T) {
 	}
 	t.Run("rst is not answered", func(t *testing.T) {
 		f.t = t
-		r := f.run(tcpFrame(farClient, 4321, lbIP, lbPort, packet.RST, "").Bytes(), f.nic0)
+		var r result
+		f.expectCounters(map[string]uint64{"drop_client_rst": 1}, func() {
+			r = f.run(tcpFrame(farClient, 4321, lbIP, lbPort, packet.RST, "").Bytes(), f.nic0)
+		})
 		f.expectVerdict(r, xdpDrop)
 	})
 }

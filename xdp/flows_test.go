@@ -1411,7 +1411,7 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	// A RST from the client is never answered with one.
 	rst := toLB
 	rst.Flags = packet.RST
-	f.expectCounters(map[string]uint64{"rst_reply_tuple_taken": 1}, func() {
+	f.expectCounters(map[string]uint64{"drop_client_rst": 1}, func() {
 		f.expectVerdict(f.run(rst.Bytes(), f.nic0), xdpDrop)
 	})
 }

@@ -336,7 +336,8 @@ const (
 	NicStatSTAT_HOST_REPLY             NicStat = 42
 	NicStatSTAT_DROP_REPLY_TUPLE_TAKEN NicStat = 43
 	NicStatSTAT_RST_REPLY_TUPLE_TAKEN  NicStat = 44
-	NicStatSTAT_MAX                    NicStat = 45
+	NicStatSTAT_DROP_CLIENT_RST        NicStat = 45
+	NicStatSTAT_MAX                    NicStat = 46
 )
 
 type NicSvcCounter struct {

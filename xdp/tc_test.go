@@ -115,6 +115,15 @@ func TestPodRefusedWithoutEndpoints(t *testing.T) {
 	if !bytes.Equal(rst.DstMAC, localPodMAC) {
 		t.Errorf("RST to MAC %s, want the pod's %s", rst.DstMAC, localPodMAC)
 	}
+	// A RST is never answered with one.
+	podRST := in
+	podRST.Flags = packet.RST
+	f.expectCounters(map[string]uint64{"drop_client_rst": 1}, func() {
+		verdict, _ = f.runTC(f.dp.PodProgram(), podRST.Bytes(), f.pod0)
+	})
+	if verdict != tcActShot {
+		t.Errorf("verdict %d for the pod's RST, want a drop", int32(verdict))
+	}
 	uin := udpFrame(podAddr, 34569, clusterIP, 53, "query")
 	f.expectCounters(map[string]uint64{"reject_icmp": 1}, func() {
 		verdict, raw = f.runTC(f.dp.PodProgram(), uin.Bytes(), f.pod0)

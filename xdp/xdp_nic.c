@@ -42,39 +42,34 @@ static __always_inline int drop(enum stat reason, __u32 bytes)
 	return XDP_DROP;
 }
 
+/* A TCP connection that cannot go on (its backend is gone, say): tell the
+ * client, counted as reason (a RST from the client is dropped unanswered:
+ * drop_client_rst). */
+static __always_inline int reset_client(struct xdp_md *ctx, struct packet *pkt, enum stat reason)
+{
+	__u32 bytes = pkt->len;
+	int verdict;
+
+	/* Never answer a RST with a RST. */
+	if (pkt->tcp_flags & TCP_FLAG_RST)
+		return drop(STAT_DROP_CLIENT_RST, bytes);
+	verdict = xdp_reply_tcp_rst(ctx, pkt);
+	if (verdict == XDP_TX)
+		count(reason, bytes);
+	return verdict;
+}
+
 /* No usable backend: refuse the client at once. */
 static __always_inline int refuse(struct xdp_md *ctx, struct packet *pkt)
 {
 	__u32 bytes = pkt->len;
 	int verdict;
 
-	if (pkt->proto == IPPROTO_TCP) {
-		/* Never answer a RST with a RST. */
-		if (pkt->tcp_flags & TCP_FLAG_RST)
-			return drop(STAT_REJECT_TCP, bytes);
-		verdict = xdp_reply_tcp_rst(ctx, pkt);
-		if (verdict == XDP_TX)
-			count(STAT_REJECT_TCP, bytes);
-		return verdict;
-	}
+	if (pkt->proto == IPPROTO_TCP)
+		return reset_client(ctx, pkt, STAT_REJECT_TCP);
 	verdict = xdp_reply_icmp_unreachable(ctx, pkt, ICMP_PORT_UNREACH, 0);
 	if (verdict == XDP_TX)
 		count(STAT_REJECT_ICMP, bytes);
-	return verdict;
-}
-
-/* A TCP connection that cannot go on (its backend is gone, say): tell the
- * client, counted as reason. */
-static __always_inline int reset_client(struct xdp_md *ctx, struct packet *pkt, enum stat reason)
-{
-	__u32 bytes = pkt->len;
-	int verdict;
-
-	if (pkt->tcp_flags & TCP_FLAG_RST)
-		return drop(reason, bytes);
-	verdict = xdp_reply_tcp_rst(ctx, pkt);
-	if (verdict == XDP_TX)
-		count(reason, bytes);
 	return verdict;
 }
 

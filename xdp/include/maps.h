@@ -274,7 +274,7 @@ enum stat {
 	STAT_NEW_FLOW,            /* conntrack entry created */
 	STAT_REVERSE_NAT,         /* reply translated back to the client */
 	STAT_ICMP_TRANSLATED,     /* ICMP error about a tracked flow translated */
-	STAT_REJECT_TCP,          /* no usable backend: TCP RST sent (a client's RST: dropped unanswered) */
+	STAT_REJECT_TCP,          /* no usable backend: TCP RST sent */
 	STAT_REJECT_ICMP,         /* no usable backend: ICMP port unreachable sent */
 	STAT_RST_BACKEND_GONE,    /* tracked TCP flow lost its backend: RST sent */
 	STAT_RESELECT_BACKEND_GONE, /* tracked flow lost its backend: new backend chosen */
@@ -304,6 +304,7 @@ enum stat {
 	STAT_HOST_REPLY,          /* the host's reply as such a backend translated on its way out */
 	STAT_DROP_REPLY_TUPLE_TAKEN, /* no SNAT, and another live flow has the same reply tuple */
 	STAT_RST_REPLY_TUPLE_TAKEN, /* the same, TCP mid-connection: RST sent */
+	STAT_DROP_CLIENT_RST,     /* a client's RST where a RST would be sent (reject_tcp, rst_*): never answered */
 	STAT_MAX,
 };
 

@@ -333,7 +333,8 @@ static __always_inline int skb_reply_too_big(struct __sk_buff *skb, const struct
 /*
  * Refuse a client from TC: turn its packet into a TCP RST or an ICMP port
  * unreachable (headers from reject.h) and send it back out of the interface
- * it came in on, counted as reason (a failed rewrite as drop_adjust).
+ * it came in on, counted as reason (a failed rewrite as drop_adjust; a RST
+ * from the client is dropped unanswered, drop_client_rst).
  */
 static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt,
 				      enum stat reason)
@@ -355,7 +356,7 @@ static __always_inline int skb_refuse(struct __sk_buff *skb, struct packet *pkt,
 	}
 	/* Never answer a RST with a RST. */
 	if (pkt->tcp_flags & TCP_FLAG_RST) {
-		count(reason, bytes);
+		count(STAT_DROP_CLIENT_RST, bytes);
 		return TC_ACT_SHOT;
 	}
 	__builtin_memset(buf, 0, sizeof(buf));
