@@ -140,6 +140,11 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListeners()
 		return nil, err
 	}
+	if err := dp.CommitPins(); err != nil {
+		dp.Close()
+		closeListeners()
+		return nil, err
+	}
 	// After the load, which mounts the pin root: the reservation is
 	// recorded there. Before the attach: no flow takes a SNAT port first.
 	reserved, err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log)
