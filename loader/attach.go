@@ -63,7 +63,8 @@ type Attachment struct {
 // reply program (TC egress) to a NIC, through pinned links: an existing
 // attachment from an earlier agent is updated in place (no moment without
 // a program), a new one is created otherwise. The interface is added to the XDP redirect targets and its
-// first IPv4 address becomes its SNAT source.
+// first IPv4 address becomes its SNAT source. Before CommitPins, what it
+// changes is recorded for Revert.
 func (d *Datapath) AttachNIC(ifname string, mode XDPMode) (Attachment, error) {
 	dev, err := netlink.LinkByName(ifname)
 	if err != nil {
@@ -76,6 +77,9 @@ func (d *Datapath) AttachNIC(ifname string, mode XDPMode) (Attachment, error) {
 	attrs := dev.Attrs()
 	att := Attachment{Interface: ifname, Ifindex: attrs.Index}
 
+	if err := d.rememberXDP(ifname, attrs); err != nil {
+		return att, err
+	}
 	if mode == XDPOff {
 		if err := d.detachXDP(ifname); err != nil {
 			return att, err
@@ -128,6 +132,55 @@ func xdpLinkPath(pinRoot string, mode XDPMode, ifname string) string {
 	return filepath.Join(linksDir(pinRoot), fmt.Sprintf("xdp-%s-%s", mode, ifname))
 }
 
+// rememberXDP records for Revert the XDP program of ours the interface
+// runs, and in which mode, or that it runs none.
+func (d *Datapath) rememberXDP(ifname string, attrs *netlink.LinkAttrs) error {
+	if !d.recording() {
+		return nil
+	}
+	var mode XDPMode
+	var prev *ebpf.Program
+	for _, have := range []XDPMode{XDPNative, XDPGeneric} {
+		l, err := link.LoadPinnedLink(xdpLinkPath(d.opts.PinRoot, have, ifname), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("interface %s: open pinned XDP link: %w", ifname, err)
+		}
+		prev, err = linkProgram(l)
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("interface %s: the XDP program it runs: %w", ifname, err)
+		}
+		mode = have
+		break
+	}
+	d.onRevert("interface "+ifname+" XDP", prev, func() error { return d.restoreXDP(ifname, attrs, mode, prev) })
+	return nil
+}
+
+// restoreXDP makes the interface run prog in mode through a pinned link,
+// updating that link if it is there; with prog nil, it detaches the XDP
+// programs of ours.
+func (d *Datapath) restoreXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMode, prog *ebpf.Program) error {
+	if prog != nil {
+		path := xdpLinkPath(d.opts.PinRoot, mode, ifname)
+		if _, err := os.Stat(path); err == nil {
+			return updatePinnedLink(path, prog)
+		}
+	}
+	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
+		if err := unpinLink(xdpLinkPath(d.opts.PinRoot, m, ifname)); err != nil {
+			return err
+		}
+	}
+	if prog == nil {
+		return nil
+	}
+	return d.attachXDPMode(prog, ifname, attrs, mode)
+}
+
 func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMode) (XDPMode, error) {
 	// The mode an earlier attachment had, if this call detached it.
 	var previous XDPMode
@@ -172,14 +225,14 @@ func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMo
 	if mode == XDPBestEffort {
 		return d.attachXDPBestEffort(ifname, attrs)
 	}
-	err := d.attachXDPMode(ifname, attrs, mode)
+	err := d.attachXDPMode(d.nic, ifname, attrs, mode)
 	if err == nil {
 		return mode, nil
 	}
 	// The interface had XDP in another mode: it keeps it, with this
 	// datapath's program, rather than being left without.
 	if previous != "" {
-		if restoreErr := d.attachXDPMode(ifname, attrs, previous); restoreErr != nil {
+		if restoreErr := d.attachXDPMode(d.nic, ifname, attrs, previous); restoreErr != nil {
 			return "", fmt.Errorf("%w; restoring %s mode failed too: %w", err, previous, restoreErr)
 		}
 		return "", fmt.Errorf("%w (XDP stays attached in %s mode)", err, previous)
@@ -192,7 +245,7 @@ func (d *Datapath) attachXDP(ifname string, attrs *netlink.LinkAttrs, mode XDPMo
 // of the native attach (another program attached, missing privilege, a
 // pin that failed) is returned as it is: generic XDP would hide it.
 func (d *Datapath) attachXDPBestEffort(ifname string, attrs *netlink.LinkAttrs) (XDPMode, error) {
-	nativeErr := d.attachXDPMode(ifname, attrs, XDPNative)
+	nativeErr := d.attachXDPMode(d.nic, ifname, attrs, XDPNative)
 	if nativeErr == nil {
 		return XDPNative, nil
 	}
@@ -200,7 +253,7 @@ func (d *Datapath) attachXDPBestEffort(ifname string, attrs *netlink.LinkAttrs) 
 	if !errors.As(nativeErr, &native) || !native.noNativeSupport() {
 		return "", nativeErr
 	}
-	genericErr := d.attachXDPMode(ifname, attrs, XDPGeneric)
+	genericErr := d.attachXDPMode(d.nic, ifname, attrs, XDPGeneric)
 	if genericErr == nil {
 		d.log.Warn("native XDP unavailable, using generic", "interface", ifname, "reason", native.cause)
 		return XDPGeneric, nil
@@ -212,16 +265,16 @@ func (d *Datapath) attachXDPBestEffort(ifname string, attrs *netlink.LinkAttrs) 
 	return "", &bestEffortError{native: native, generic: generic}
 }
 
-// attachXDPMode attaches the NIC program to the interface in mode m
-// (native or generic) through a pinned link. A refused attach is an
-// *xdpAttachError.
-func (d *Datapath) attachXDPMode(ifname string, attrs *netlink.LinkAttrs, m XDPMode) error {
+// attachXDPMode attaches prog (the NIC program, or one Revert puts back)
+// to the interface in mode m (native or generic) through a pinned link. A
+// refused attach is an *xdpAttachError.
+func (d *Datapath) attachXDPMode(prog *ebpf.Program, ifname string, attrs *netlink.LinkAttrs, m XDPMode) error {
 	flags := link.XDPDriverMode
 	if m == XDPGeneric {
 		flags = link.XDPGenericMode
 	}
 	l, err := link.AttachXDP(link.XDPOptions{
-		Program:   d.nic,
+		Program:   prog,
 		Interface: attrs.Index,
 		Flags:     flags,
 	})
@@ -336,8 +389,10 @@ var (
 // device is updated in place. A pinned link on another device, or on
 // none (the interface was deleted and one of the same name created, as a
 // CNI does for a pod that comes back), is dropped first: updating it would
-// fail, or program a device that is not this one.
+// fail, or program a device that is not this one. Before CommitPins, what
+// it changes is recorded for Revert.
 func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int, dir tcDirection) (string, error) {
+	what := fmt.Sprintf("interface %s TC %s (%s)", ifname, dir.name, filepath.Base(path))
 	if l, err := link.LoadPinnedLink(path, nil); err == nil {
 		if on, known := linkIfindex(l); known && on != ifindex {
 			l.Close()
@@ -348,6 +403,9 @@ func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int
 				"ifindex", ifindex, "link_ifindex", on)
 		} else {
 			defer l.Close()
+			if err := d.rememberLink(l, path, what); err != nil {
+				return "", fmt.Errorf("interface %s: %w", ifname, err)
+			}
 			if err := l.Update(prog); err != nil {
 				return "", fmt.Errorf("interface %s: replace TC program: %w", ifname, err)
 			}
@@ -364,6 +422,9 @@ func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int
 		Anchor:    link.Head(),
 	})
 	if errors.Is(err, ebpf.ErrNotSupported) {
+		if err := d.rememberClsact(ifindex, dir, what); err != nil {
+			return "", fmt.Errorf("interface %s: %w", ifname, err)
+		}
 		if err := attachClsact(ifindex, prog, dir); err != nil {
 			return "", fmt.Errorf("interface %s: attach TC %s (clsact): %w", ifname, dir.name, err)
 		}
@@ -376,7 +437,22 @@ func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int
 	if err := l.Pin(path); err != nil {
 		return "", fmt.Errorf("interface %s: pin TC link: %w", ifname, err)
 	}
+	d.onRevert(what, nil, func() error { return unpinLink(path) })
 	return "tcx", nil
+}
+
+// rememberLink records for Revert the program the link pinned at path
+// runs, before it is updated in place.
+func (d *Datapath) rememberLink(l link.Link, path, what string) error {
+	if !d.recording() {
+		return nil
+	}
+	prev, err := linkProgram(l)
+	if err != nil {
+		return fmt.Errorf("the program %s runs: %w", filepath.Base(path), err)
+	}
+	d.onRevert(what, prev, func() error { return updatePinnedLink(path, prev) })
+	return nil
 }
 
 // registerInterface makes the device an XDP redirect target and records

@@ -53,21 +53,62 @@ func attachClsact(ifindex int, prog *ebpf.Program, dir tcDirection) error {
 // other tools may use it.
 func detachClsact(ifindex int) error {
 	for _, dir := range []tcDirection{tcIngress, tcEgress} {
-		filters, err := netlink.FilterList(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: ifindex}},
-			dir.clsactParent)
-		if err != nil {
-			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
-				continue
-			}
+		if err := detachClsactFilter(ifindex, dir); err != nil {
 			return err
 		}
-		for _, f := range filters {
-			if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == dir.clsactName {
-				if err := netlink.FilterDel(f); err != nil {
-					return err
-				}
-			}
+	}
+	return nil
+}
+
+// detachClsactFilter removes our filter on one hook, if present.
+func detachClsactFilter(ifindex int, dir tcDirection) error {
+	f, err := clsactFilter(ifindex, dir)
+	if err != nil || f == nil {
+		return err
+	}
+	return netlink.FilterDel(f)
+}
+
+// clsactFilter returns our filter on one hook; nil if there is none (or
+// no clsact qdisc).
+func clsactFilter(ifindex int, dir tcDirection) (*netlink.BpfFilter, error) {
+	filters, err := netlink.FilterList(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: ifindex}},
+		dir.clsactParent)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == dir.clsactName {
+			return bf, nil
 		}
 	}
+	return nil, nil
+}
+
+// rememberClsact records for Revert the program our filter on the hook
+// runs, or that there is none.
+func (d *Datapath) rememberClsact(ifindex int, dir tcDirection, what string) error {
+	if !d.recording() {
+		return nil
+	}
+	f, err := clsactFilter(ifindex, dir)
+	if err != nil {
+		return fmt.Errorf("list TC filters: %w", err)
+	}
+	var prev *ebpf.Program
+	if f != nil {
+		if prev, err = ebpf.NewProgramFromID(ebpf.ProgramID(f.Id)); err != nil {
+			return fmt.Errorf("the program of TC filter %s: %w", f.Name, err)
+		}
+	}
+	d.onRevert(what, prev, func() error {
+		if prev == nil {
+			return detachClsactFilter(ifindex, dir)
+		}
+		return attachClsact(ifindex, prev, dir)
+	})
 	return nil
 }

@@ -104,3 +104,76 @@ func TestClsactFallbackBothDirections(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// What an attach through clsact changed is put back: the filter that ran
+// an earlier program runs it again, one attached where there was none is
+// removed.
+func TestClsactFiltersArePutBack(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	ns := testenv.NewNetns(t, "clr")
+	peer := testenv.NewNetns(t, "clrp")
+	testenv.Veth(t, ns, "c0", peer, "c1")
+	newProg := func() *ebpf.Program {
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Type:         ebpf.SchedCLS,
+			License:      "GPL",
+			Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { prog.Close() })
+		return prog
+	}
+	earlier, later := newProg(), newProg()
+	info, err := earlier.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlierID, _ := info.ID()
+
+	// Runs in the namespace's thread: failures are returned.
+	err = ns.Do(func() error {
+		dev, err := netlink.LinkByName("c0")
+		if err != nil {
+			return err
+		}
+		ifindex := dev.Attrs().Index
+		if err := attachClsact(ifindex, earlier, tcIngress); err != nil {
+			return err
+		}
+		d := &Datapath{}
+		for _, dir := range []tcDirection{tcIngress, tcEgress} {
+			if err := d.rememberClsact(ifindex, dir, dir.name); err != nil {
+				return err
+			}
+			if err := attachClsact(ifindex, later, dir); err != nil {
+				return err
+			}
+		}
+		for _, s := range slices.Backward(d.undo) {
+			if err := s.undo(); err != nil {
+				return err
+			}
+		}
+		d.forgetUndo()
+		in, err := clsactFilter(ifindex, tcIngress)
+		if err != nil {
+			return err
+		}
+		if in == nil || ebpf.ProgramID(in.Id) != earlierID {
+			t.Errorf("ingress filter after the undo: %+v, want one running program %d", in, earlierID)
+		}
+		out, err := clsactFilter(ifindex, tcEgress)
+		if err != nil {
+			return err
+		}
+		if out != nil {
+			t.Errorf("egress filter after the undo: %+v, want none", out)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -110,6 +110,14 @@ type Datapath struct {
 	dir        string
 	opts       Options
 	log        *slog.Logger
+
+	// Until CommitPins: the maps that replace pinned ones, what the
+	// attaches changed (see Revert) and the configuration the load
+	// overwrote.
+	replacements  *mapReplacements
+	committed     bool
+	undo          []undoStep
+	earlierConfig xdp.NicDatapathConfig
 }
 
 // Dir returns the versioned pin directory (<root>/xdplb/<version>).
@@ -123,8 +131,10 @@ func linksDir(pinRoot string) string { return filepath.Join(Dir(pinRoot), "links
 // Load creates the maps, or adopts those pinned by an earlier agent without
 // touching their contents, loads the programs and writes the datapath
 // configuration. Maps whose size changed are migrated: a new map is created
-// and every entry that fits is copied over; the new maps replace the pinned
-// ones only once everything has loaded, all of them or none.
+// and every entry that fits is copied over. The new maps replace the pinned
+// ones, all of them or none, at CommitPins: until then the pins name the
+// maps an earlier datapath still attached uses, and Revert puts back what
+// the attaches changed.
 func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -181,26 +191,26 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer replacements.Close()
 
 	coll, err := ebpf.NewCollectionWithOptions(nicSpec, ebpf.CollectionOptions{
 		Maps:            ebpf.MapOptions{PinPath: mapsDir(opts.PinRoot)},
 		MapReplacements: replacements.byName(),
 	})
 	if err != nil {
+		replacements.Close()
 		return nil, explainBPFError("load XDP program", verifierDetail(err))
 	}
 	defer coll.Close()
 
-	d := &Datapath{dir: Dir(opts.PinRoot), opts: opts, log: log}
+	d := &Datapath{dir: Dir(opts.PinRoot), opts: opts, log: log, replacements: replacements}
 	for name, handle := range d.Maps.byName() {
 		m, ok := coll.Maps[name]
 		if !ok {
-			d.Maps.Close()
+			d.Close()
 			return nil, fmt.Errorf("XDP object has no map %q", name)
 		}
 		if *handle, err = m.Clone(); err != nil {
-			d.Maps.Close()
+			d.Close()
 			return nil, fmt.Errorf("map %s: %w", name, err)
 		}
 	}
@@ -230,13 +240,6 @@ func Load(opts Options, log *slog.Logger) (*Datapath, error) {
 		d.Close()
 		return nil, err
 	}
-	// Last: a start that failed above left the pins to the maps the
-	// running datapath uses.
-	if err := replacements.commit(); err != nil {
-		d.Close()
-		return nil, err
-	}
-	unpinRetiredMaps(mapsDir(opts.PinRoot), log)
 	return d, nil
 }
 
@@ -276,9 +279,15 @@ func loadCollectionSharing(spec, nicSpec *ebpf.CollectionSpec, coll *ebpf.Collec
 }
 
 // Close releases the loader's file descriptors. Attached programs and
-// pinned maps stay in the kernel.
+// pinned maps stay in the kernel. Without CommitPins, the pins stay those
+// of the maps the load adopted or replaced.
 func (d *Datapath) Close() error {
 	var errs []error
+	d.forgetUndo()
+	if d.replacements != nil {
+		d.replacements.Close()
+		d.replacements = nil
+	}
 	errs = append(errs, d.Maps.Close())
 	for _, p := range []*ebpf.Program{d.nic, d.nicIngress, d.pod, d.hostReply} {
 		if p != nil {
@@ -307,7 +316,12 @@ func (d *Datapath) HostReplyProgram() *ebpf.Program { return d.hostReply }
 // Options returns the options the datapath was loaded with.
 func (d *Datapath) Options() Options { return d.opts }
 
+// writeConfig writes the datapath configuration, keeping what it
+// overwrites for Revert.
 func (d *Datapath) writeConfig() error {
+	if err := d.Maps.Config.Lookup(uint32(0), &d.earlierConfig); err != nil {
+		return fmt.Errorf("read datapath config: %w", err)
+	}
 	cfg := xdp.NicDatapathConfig{
 		TcpEstablishedTimeoutNs: uint64(d.opts.TCPEstablishedTimeout.Nanoseconds()),
 		TcpTransientTimeoutNs:   uint64(d.opts.TCPTransientTimeout.Nanoseconds()),

@@ -33,7 +33,7 @@ func smallOptions(root string) loader.Options {
 func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts := smallOptions(root)
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	// Same sizes: everything is adopted as it was, except that the
 	// datapath starts without trusting the spill marks (programs of the
 	// earlier one may still run).
-	dp, err = loader.Load(opts, nil)
+	dp, err = loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	// A larger conntrack: flows are copied into the new map (the
 	// backends array, resized too, by TestResizeKeepsWhatTheControlPlaneWrote).
 	opts.ConntrackMax, opts.BackendsMax = 4096, 512
-	dp, err = loader.Load(opts, nil)
+	dp, err = loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 func TestLoadUnpinsRetiredMaps(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts := smallOptions(root)
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestLoadUnpinsRetiredMaps(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dp, err = loader.Load(opts, nil)
+	dp, err = loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,14 +141,14 @@ func TestLoadStartsTheRouteCacheAfresh(t *testing.T) {
 		return id
 	}
 	for range 2 {
-		dp, err := loader.Load(opts, nil)
+		dp, err := loadertest.Load(opts, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		dp.Close()
 	}
 	first := pinnedID()
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestLoadStartsTheRouteCacheAfresh(t *testing.T) {
 // lease map is optional, and reuse reads as off.
 func TestOpenPinnedWithoutRouteReuse(t *testing.T) {
 	root := testenv.BPFFS(t)
-	dp, err := loader.Load(smallOptions(root), nil)
+	dp, err := loadertest.Load(smallOptions(root), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestResizeMovesSNATSlots(t *testing.T) {
 	dp.Close()
 
 	opts.SNATPortMin, opts.SNATPortMax = 40000, 49999
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func loadWithSNATSlot(t *testing.T, root string) (loader.Options, *loader.Datapa
 	t.Helper()
 	opts := smallOptions(root)
 	opts.SNATPortMin, opts.SNATPortMax = 40000, 40999
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func attachIn(t *testing.T, fn func(dp *loader.Datapath) error) {
 	ns.IP("link", "add", "d0", "type", "bridge")
 	root := testenv.BPFFS(t)
 	if err := ns.Do(func() error {
-		dp, err := loader.Load(smallOptions(root), nil)
+		dp, err := loadertest.Load(smallOptions(root), nil)
 		if err != nil {
 			return err
 		}
@@ -384,7 +384,7 @@ func TestForeignAttachmentsAreThoseNotReplaced(t *testing.T) {
 		if foreign, err := dp.ForeignAttachments(); err != nil || len(foreign) != 0 {
 			t.Errorf("own attachments listed as foreign: %v, %v", foreign, err)
 		}
-		dp2, err := loader.Load(dp.Options(), nil)
+		dp2, err := loadertest.Load(dp.Options(), nil)
 		if err != nil {
 			return err
 		}
@@ -427,7 +427,7 @@ func TestAttachPinsLinksAndReattachUpdatesInPlace(t *testing.T) {
 
 		// A second agent loads new programs and replaces them in place:
 		// same link, new program.
-		dp2, err := loader.Load(dp.Options(), nil)
+		dp2, err := loadertest.Load(dp.Options(), nil)
 		if err != nil {
 			return err
 		}
@@ -469,7 +469,7 @@ func TestFailedModeChangeKeepsXDP(t *testing.T) {
 		if _, err := dp.AttachNIC("d0", loader.XDPGeneric); err != nil {
 			return err
 		}
-		dp2, err := loader.Load(dp.Options(), nil)
+		dp2, err := loadertest.Load(dp.Options(), nil)
 		if err != nil {
 			return err
 		}
@@ -611,7 +611,7 @@ func TestBestEffortRestartWarnsOfGenericXDP(t *testing.T) {
 					return fmt.Errorf("first start: %+v, %v; want %s", att, err, tc.mode)
 				}
 				var logged bytes.Buffer
-				dp2, err := loader.Load(dp.Options(), slog.New(slog.NewTextHandler(&logged, nil)))
+				dp2, err := loadertest.Load(dp.Options(), slog.New(slog.NewTextHandler(&logged, nil)))
 				if err != nil {
 					return err
 				}

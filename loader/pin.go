@@ -130,10 +130,11 @@ var errSlotsUnhinted = errors.New("SNAT slots placed without bucket hints")
 //
 // Nothing is pinned or unpinned here: the replacements are returned, for
 // the collection loader to use in place of the pins, and their commit
-// swaps the pins once the whole datapath has loaded. Until then the pins
-// name the maps the running datapath uses, so a start that fails (a map
-// that cannot be opened or created, a program the verifier refuses)
-// leaves them as they were, and the next start copies from them again.
+// (Datapath.CommitPins) swaps the pins once the new datapath runs. Until
+// then the pins name the maps the running datapath uses, so a start that
+// fails (a map that cannot be opened or created, a program the verifier
+// refuses, an attach) leaves them as they were, and the next start copies
+// from them again.
 func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *slog.Logger) (_ *mapReplacements, err error) {
 	r := &mapReplacements{dir: dir, log: log, faults: opts.faults}
 	defer func() {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
 
@@ -56,7 +57,7 @@ func TestLoadWithoutPrivilegeSaysSo(t *testing.T) {
 	warm := testenv.BPFFS(t)
 	// A privileged load first: the library's feature probes are cached
 	// for the process, and must not be cached as "unsupported" below.
-	dp, err := loader.Load(smallOptions(warm), nil)
+	dp, err := loadertest.Load(smallOptions(warm), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestLoadWithoutPrivilegeSaysSo(t *testing.T) {
 		run  func(root string) error
 	}{
 		{"load", func(root string) error {
-			dp, err := loader.Load(smallOptions(root), nil)
+			dp, err := loadertest.Load(smallOptions(root), nil)
 			if err == nil {
 				dp.Close()
 			}
@@ -121,7 +122,7 @@ func TestPrivateBPFFSIsLogged(t *testing.T) {
 			}
 			var buf bytes.Buffer
 			log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			dp, err := loader.Load(smallOptions(root), log)
+			dp, err := loadertest.Load(smallOptions(root), log)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +152,7 @@ func TestLoadLiftsMemlockFirst(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := testenv.BPFFS(t)
 			opts := loader.WithMemlockError(smallOptions(root), fmt.Errorf("failed to set memlock rlimit: %w", tc.err))
-			dp, err := loader.Load(opts, nil)
+			dp, err := loadertest.Load(opts, nil)
 			if err == nil {
 				dp.Close()
 				t.Fatal("loaded without lifting RLIMIT_MEMLOCK")

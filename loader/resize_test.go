@@ -14,6 +14,7 @@ import (
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -44,7 +45,7 @@ func TestResizeKeepsWhatTheControlPlaneWrote(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := smallOptions(testenv.BPFFS(t))
-			dp, err := loader.Load(opts, nil)
+			dp, err := loadertest.Load(opts, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,7 +61,7 @@ func TestResizeKeepsWhatTheControlPlaneWrote(t *testing.T) {
 			dp.Close()
 
 			tc.resize(&opts)
-			dp, err = loader.Load(opts, nil)
+			dp, err = loadertest.Load(opts, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,7 +105,7 @@ func TestResizeKeepsWhatTheControlPlaneWrote(t *testing.T) {
 func TestTablesPinnedInAHashOfMapsAreKept(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts := smallOptions(root)
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestTablesPinnedInAHashOfMapsAreKept(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dp, err = loader.Load(opts, nil)
+	dp, err = loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +236,7 @@ func doubled(opts loader.Options) loader.Options {
 func TestFailedResizeLeavesThePinsAsTheyWere(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts := smallOptions(root)
-	running, err := loader.Load(opts, nil)
+	running, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +258,7 @@ func TestFailedResizeLeavesThePinsAsTheyWere(t *testing.T) {
 
 	bigger := doubled(opts)
 	for range 3 {
-		dp, err := loader.Load(bigger, nil)
+		dp, err := loadertest.Load(bigger, nil)
 		if err == nil {
 			dp.Close()
 			t.Fatal("loaded over a pin that is not a map")
@@ -276,7 +277,7 @@ func TestFailedResizeLeavesThePinsAsTheyWere(t *testing.T) {
 	if err := os.Remove(bad); err != nil {
 		t.Fatal(err)
 	}
-	dp, err := loader.Load(bigger, nil)
+	dp, err := loadertest.Load(bigger, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +313,7 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := testenv.BPFFS(t)
 			opts := smallOptions(root)
-			dp, err := loader.Load(opts, nil)
+			dp, err := loadertest.Load(opts, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -325,7 +326,7 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 				}
 				return os.Rename(from, to)
 			})
-			dp, err = loader.Load(failing, nil)
+			dp, err = loadertest.Load(failing, nil)
 			if err == nil {
 				dp.Close()
 				t.Fatal("loaded with a pin that could not be moved")
@@ -357,7 +358,7 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 func TestLoadRemovesAnInterruptedSwapsLeftovers(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts := smallOptions(root)
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +375,7 @@ func TestLoadRemovesAnInterruptedSwapsLeftovers(t *testing.T) {
 	if err := leftover.Pin(filepath.Join(staging, "old-conntrack")); err != nil {
 		t.Fatal(err)
 	}
-	dp, err = loader.Load(opts, nil)
+	dp, err = loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,8 @@ var socketHooks = []struct {
 // and attached afresh. Either all four hooks end up attached or, if one
 // fails, none that this call attached stays: a node whose connects are
 // translated and whose datagrams are not would be worse than neither.
+// Before CommitPins, what it changes is recorded for Revert, which puts an
+// earlier program back on the cgroup given here.
 func (d *Datapath) AttachHostSockets(cgroupPath string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(cgroupPath, &st); err != nil {
@@ -46,6 +48,9 @@ func (d *Datapath) AttachHostSockets(cgroupPath string) error {
 	target, err := cgroupID(cgroupPath)
 	if err != nil {
 		return fmt.Errorf("cgroup %s: %w", cgroupPath, err)
+	}
+	if err := d.rememberHostSockets(cgroupPath); err != nil {
+		return err
 	}
 	if d.hostSocketsElsewhere(target) {
 		if _, err := d.DetachHostSockets(); err != nil {
@@ -76,16 +81,59 @@ func (d *Datapath) AttachHostSockets(cgroupPath string) error {
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return undo(fmt.Errorf("open pinned link %s: %w", h.pin, err))
 		}
-		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: h.attach, Program: prog})
-		if err != nil {
-			return undo(fmt.Errorf("attach %s to cgroup %s: %w", h.prog, cgroupPath, err))
-		}
-		err = l.Pin(path)
-		l.Close()
-		if err != nil {
-			return undo(fmt.Errorf("pin %s: %w", h.pin, err))
+		if err := attachPinnedCgroup(cgroupPath, h.attach, prog, path); err != nil {
+			return undo(fmt.Errorf("%s: %w", h.prog, err))
 		}
 		attached = append(attached, path)
+	}
+	return nil
+}
+
+// rememberHostSockets records for Revert the program each socket hook's
+// pinned link runs, or that it has none.
+func (d *Datapath) rememberHostSockets(cgroupPath string) error {
+	if !d.recording() {
+		return nil
+	}
+	for _, h := range socketHooks {
+		path := filepath.Join(linksDir(d.opts.PinRoot), h.pin)
+		var prev *ebpf.Program
+		l, err := link.LoadPinnedLink(path, nil)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return fmt.Errorf("open pinned link %s: %w", h.pin, err)
+		default:
+			prev, err = linkProgram(l)
+			l.Close()
+			if err != nil {
+				return fmt.Errorf("the program %s runs: %w", h.pin, err)
+			}
+		}
+		d.onRevert("socket hook "+h.pin, prev, func() error {
+			if prev == nil {
+				return unpinLink(path)
+			}
+			if _, err := os.Stat(path); err == nil {
+				return updatePinnedLink(path, prev)
+			}
+			// Detached (moved to cgroupPath): attached there again.
+			return attachPinnedCgroup(cgroupPath, h.attach, prev, path)
+		})
+	}
+	return nil
+}
+
+// attachPinnedCgroup attaches prog to a cgroup through a link pinned at
+// path.
+func attachPinnedCgroup(cgroupPath string, attach ebpf.AttachType, prog *ebpf.Program, path string) error {
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: attach, Program: prog})
+	if err != nil {
+		return fmt.Errorf("attach to cgroup %s: %w", cgroupPath, err)
+	}
+	defer l.Close()
+	if err := l.Pin(path); err != nil {
+		return fmt.Errorf("pin %s: %w", filepath.Base(path), err)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/packet"
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
@@ -114,7 +115,7 @@ func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32, fopts ...f
 	for _, o := range fopts {
 		o(&opts)
 	}
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatalf("load datapath: %v", err)
 	}

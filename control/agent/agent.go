@@ -79,13 +79,17 @@ type Agent struct {
 	lock         *loader.PinLock
 	pidNamespace uint32 // of this process, recorded with its pid
 	seenProblems map[string]bool
+	// podsAtStart are the pod interfaces Start attached (name -> ifindex),
+	// where watchPods starts from.
+	podsAtStart map[string]int
 }
 
 // Start loads and attaches the datapath and connects to the source. On
-// error nothing that this call attached stays attached. First of all it
-// takes the lock on the pin root, which it holds until Run returns: a
-// second agent on the same pins fails here, before it loads or attaches
-// anything (a *loader.PinsInUseError).
+// error nothing that this call attached stays attached, and what an
+// earlier agent attached runs its programs on its maps as before (see
+// start). First of all it takes the lock on the pin root, which it holds
+// until Run returns: a second agent on the same pins fails here, before it
+// loads or attaches anything (a *loader.PinsInUseError).
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	lock, err := loader.LockPins(cfg.Datapath.PinRoot, log)
 	if err != nil {
@@ -132,8 +136,8 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListeners()
 		return nil, err
 	}
-	// An earlier agent's datapath still attached keeps using the SNAT
-	// ports it reserved, whatever becomes of this start.
+	// An earlier agent's datapath still attached goes on translating to
+	// SNAT ports, whatever becomes of this start.
 	earlier := datapathAttached(cfg.Datapath.PinRoot)
 	dp, err := loader.Load(cfg.Datapath, log)
 	if err != nil {
@@ -144,60 +148,83 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	// recorded there. Before the attach: no flow takes a SNAT port first.
 	reserved, err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log)
 	if err != nil {
-		dp.Close()
+		revertDatapath(dp, nil, log)
 		closeListeners()
 		return nil, err
 	}
-	// unreserve gives back what this start reserved when no datapath
-	// uses the ports after it failed.
-	unreserve := func() {
-		if earlier {
-			return
+	// Until the datapath's pins are committed, a failure puts back what
+	// this start changed: every interface and the host's sockets run the
+	// programs they ran, on the maps the pins still name (the next start
+	// copies from those), with the configuration and the SNAT port
+	// reservation those programs use. Interfaces this start attached
+	// afresh are detached.
+	var fresh []string
+	revert := func(err error) (*Agent, error) {
+		revertDatapath(dp, fresh, log)
+		if !earlier {
+			// No datapath is left to use the ports of the range given
+			// back: they stay the host's.
+			reserved.released = portSet{}
 		}
-		if err := unreserveSNATPorts(cfg.Datapath.PinRoot, reserved); err != nil {
+		if err := undoSNATReservation(cfg.Datapath.PinRoot, reserved); err != nil {
 			log.Warn("undo the SNAT port reservation", "error", err)
 		}
+		closeListeners()
+		return nil, err
 	}
-	fresh, err := attach(dp, cfg, log)
+	a, err := assemble(cfg, log, src, dp)
 	if err != nil {
-		dp.Close()
-		unreserve()
-		closeListeners()
-		return nil, err
+		return revert(err)
 	}
-	// undo detaches what this call attached afresh, for a start that fails
-	// after the interfaces are attached.
-	undo := func(err error) (*Agent, error) {
-		detachFresh(dp, fresh, log)
-		dp.Close()
-		unreserve()
-		closeListeners()
-		return nil, err
+	if fresh, err = attach(dp, cfg, log); err != nil {
+		return revert(err)
 	}
+	a.attachPresentPods()
 	switch {
 	case cfg.CgroupRoot != "":
 		if err := dp.AttachHostSockets(cfg.CgroupRoot); err != nil {
-			return undo(err)
+			return revert(err)
 		}
 		log.Info("host sockets reach services", "cgroup", cfg.CgroupRoot)
 	case cfg.CgroupAuto:
 		log.Warn("no cgroup v2 hierarchy found: the node's own processes will not reach services (see --cgroup-root)")
 	}
+	if err := dp.CommitPins(); err != nil {
+		return revert(err)
+	}
+
+	// The pins name this datapath's maps from here on. What an earlier
+	// agent attached that this one does not want goes only now: a start
+	// that failed before left it running.
+	detachUnlisted(dp, cfg, log)
 	if cfg.CgroupRoot == "" {
 		removed, err := dp.DetachHostSockets()
 		if err != nil {
-			return undo(err)
+			// The interfaces keep this datapath, on the maps the pins
+			// name, and its SNAT ports (an earlier agent attached those
+			// socket programs): only those attached afresh go.
+			detachFresh(dp, fresh, log)
+			dp.Close()
+			closeListeners()
+			return nil, err
 		}
 		if removed > 0 {
 			log.Info("detached the socket programs an earlier agent attached", "programs", removed)
 		}
 	}
-	a, err := assemble(cfg, log, src, dp)
-	if err != nil {
-		return undo(err)
-	}
 	a.healthzLn, a.metricsLn = healthzLn, metricsLn
 	return a, nil
+}
+
+// revertDatapath puts back what a failed start changed with a datapath
+// whose pins are not committed (see loader.Datapath.Revert), detaching
+// the interfaces it attached afresh, and closes it.
+func revertDatapath(dp *loader.Datapath, fresh []string, log *slog.Logger) {
+	detachFresh(dp, fresh, log)
+	if err := dp.Revert(); err != nil {
+		log.Error("a failed start could not put back everything it changed", "error", err)
+	}
+	dp.Close()
 }
 
 // datapathAttached reports whether an earlier agent left any link pinned
@@ -286,14 +313,10 @@ func newSource(cfg Config, log *slog.Logger) (source.Source, error) {
 }
 
 // attach attaches the datapath to every interface and returns those it
-// attached afresh. If one fails, those are detached again; interfaces an
-// earlier agent had attached keep running as they were. Once all are
-// attached, it detaches the interfaces an earlier agent attached that are
-// no longer listed (a failure there is logged: the listed ones run the
-// datapath, and the SNAT spill marks stay untrusted while an old program
-// runs elsewhere). Pinned links are first made to follow their interfaces
-// through a rename or a deletion (loader.SettleNICPins; a failure there is
-// logged, and an attach it leaves failing fails the start).
+// attached afresh (also when one fails). Pinned links are first made to
+// follow their interfaces through a rename or a deletion
+// (loader.SettleNICPins; a failure there is logged, and an attach it
+// leaves failing fails the start).
 func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) ([]string, error) {
 	if err := dp.SettleNICPins(); err != nil {
 		// What it could not settle fails below, naming the interface.
@@ -307,12 +330,19 @@ func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) ([]string, error)
 			fresh = append(fresh, ifname)
 		}
 		if err != nil {
-			detachFresh(dp, fresh, log)
-			return nil, err
+			return fresh, err
 		}
 		log.Info("datapath attached", "interface", att.Interface, "xdp_mode", att.Mode,
 			"tc", att.TCMode, "xdp_prog_id", att.XDPProgID, "tc_prog_id", att.TCProgID)
 	}
+	return fresh, nil
+}
+
+// detachUnlisted detaches the interfaces an earlier agent attached that
+// are no longer listed. A failure is logged: the listed ones run the
+// datapath, and the SNAT spill marks stay untrusted while an old program
+// runs elsewhere.
+func detachUnlisted(dp *loader.Datapath, cfg Config, log *slog.Logger) {
 	detached, err := dp.DetachNICsExcept(cfg.Interfaces)
 	for _, name := range detached {
 		log.Info("datapath detached from an interface no longer in --iface", "interface", name)
@@ -320,7 +350,6 @@ func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) ([]string, error)
 	if err != nil {
 		log.Warn("could not detach every interface no longer in --iface", "error", err)
 	}
-	return fresh, nil
 }
 
 // detachFresh detaches the interfaces a failed start attached.

@@ -9,10 +9,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdplb/xdplb/control/metrics"
@@ -20,6 +23,7 @@ import (
 	"github.com/xdplb/xdplb/control/reconcile"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 func TestPodInterfacePatterns(t *testing.T) {
@@ -173,6 +177,131 @@ func TestFailedStartDetaches(t *testing.T) {
 				t.Error("after a failed start, edge0's links are still pinned")
 			}
 		})
+	}
+}
+
+// A start that fails after it attached, over an earlier agent's datapath
+// with a map to resize, leaves that datapath as it was: the pins name its
+// maps, with its flows, and every interface (a NIC, a pod interface) runs
+// its programs; a NIC the failed start attached afresh runs none. The
+// next start that succeeds copies from those maps.
+func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
+	ns := testenv.NewNetns(t, "revert")
+	vethUp(ns, "edge0", "edge1", "192.0.2.1/24")
+	vethUp(ns, "edge2", "edge3", "198.51.100.1/24")
+	vethUp(ns, "pod0", "pod1", "10.244.0.1/32")
+	cfg := fileConfig(t, "edge0")
+	cfg.PodInterfaces = "pod0"
+	root := cfg.Datapath.PinRoot
+	flow := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
+
+	// The pinned maps' ids and the programs the pinned links run.
+	pins := func() (maps map[string]ebpf.MapID, links map[string]ebpf.ProgramID) {
+		t.Helper()
+		maps, links = map[string]ebpf.MapID{}, map[string]ebpf.ProgramID{}
+		m, err := loader.OpenPinned(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		for name, mp := range m.All() {
+			if mp == nil {
+				continue
+			}
+			info, err := mp.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			maps[name], _ = info.ID()
+		}
+		dir := filepath.Join(loader.Dir(root), "links")
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			l, err := link.LoadPinnedLink(filepath.Join(dir, e.Name()), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := l.Info()
+			l.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			links[e.Name()] = info.Program
+		}
+		return maps, links
+	}
+
+	if err := ns.Do(func() error {
+		a, err := Start(context.Background(), cfg, discard())
+		if err != nil {
+			return fmt.Errorf("earlier agent: %w", err)
+		}
+		defer a.Close()
+		return a.dp.Maps.Conntrack.Put(flow, xdp.NicCtEntry{BackendId: 7})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mapIDs, links := pins()
+	if links["tc-pod-pod0"] == 0 {
+		t.Fatalf("the earlier agent left no pod link: %v", links)
+	}
+
+	bigger := cfg
+	bigger.Datapath.ConntrackMax *= 2
+	failing := bigger
+	failing.Interfaces = []string{"edge0", "edge2"}
+	failing.CgroupRoot = t.TempDir() // no cgroup v2: fails after the attach
+	var xdpProgs map[string]uint32
+	if err := ns.Do(func() error {
+		if a, err := Start(context.Background(), failing, discard()); err == nil {
+			a.Close()
+			return errors.New("Start succeeded")
+		}
+		xdpProgs = map[string]uint32{}
+		for _, name := range []string{"edge0", "edge2"} {
+			dev, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if x := dev.Attrs().Xdp; x != nil && x.Attached {
+				xdpProgs[name] = x.ProgId
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mapsAfter, linksAfter := pins()
+	for name, id := range mapIDs {
+		if mapsAfter[name] != id {
+			t.Errorf("map %s pinned as id %d after the failed start, want %d as before", name, mapsAfter[name], id)
+		}
+	}
+	if !reflect.DeepEqual(linksAfter, links) {
+		t.Errorf("after the failed start the pinned links run %v, want %v as before", linksAfter, links)
+	}
+	if want := map[string]uint32{"edge0": uint32(links["xdp-native-edge0"])}; !reflect.DeepEqual(xdpProgs, want) {
+		t.Errorf("after the failed start the interfaces run XDP programs %v, want %v", xdpProgs, want)
+	}
+
+	if err := ns.Do(func() error {
+		a, err := Start(context.Background(), bigger, discard())
+		if err != nil {
+			return fmt.Errorf("next agent: %w", err)
+		}
+		defer a.Close()
+		var e xdp.NicCtEntry
+		if err := a.dp.Maps.Conntrack.Lookup(flow, &e); err != nil || e.BackendId != 7 ||
+			a.dp.Maps.Conntrack.MaxEntries() != bigger.Datapath.ConntrackMax {
+			t.Errorf("the next start's conntrack of %d entries holds %+v (%v), want the flow to backend 7",
+				a.dp.Maps.Conntrack.MaxEntries(), e, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

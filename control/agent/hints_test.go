@@ -109,7 +109,7 @@ func loadSmallDatapath(t *testing.T) (loader.Options, *loader.Datapath) {
 	t.Helper()
 	testenv.RequirePrivileged(t)
 	opts := loadertest.SmallOptions(testenv.BPFFS(t))
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,8 +38,8 @@ func (a *Agent) isPodInterface(name string) bool {
 	return false
 }
 
-// watchPods attaches the pod program to every pod interface, now and as
-// interfaces appear, and forgets those that vanish. A netlink subscription
+// watchPods attaches the pod program to every pod interface, from those
+// Start attached on, as interfaces appear, and forgets those that vanish. A netlink subscription
 // can end under load (its socket buffer overflows when many interfaces
 // come at once); then it subscribes again and catches up from a fresh list.
 func (a *Agent) watchPods(ctx context.Context) {
@@ -47,7 +47,10 @@ func (a *Agent) watchPods(ctx context.Context) {
 		a.podsDone()
 		return
 	}
-	attached := map[string]int{} // name -> ifindex
+	attached := a.podsAtStart // name -> ifindex
+	if attached == nil {
+		attached = map[string]int{}
+	}
 	for {
 		retry := time.Second
 		if !a.watchPodsOnce(ctx, attached) {
@@ -57,6 +60,26 @@ func (a *Agent) watchPods(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(retry):
+		}
+	}
+}
+
+// attachPresentPods attaches the datapath to the pod interfaces there
+// are, at the start: they run its programs before its pins are committed.
+// An interface that fails is logged, as watchPods does.
+func (a *Agent) attachPresentPods() {
+	a.podsAtStart = map[string]int{}
+	if len(podPatterns(a.cfg.PodInterfaces)) == 0 {
+		return
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		a.log.Warn("list interfaces", "error", err)
+		return
+	}
+	for _, l := range links {
+		if name := l.Attrs().Name; a.isPodInterface(name) && !isBridge(l) {
+			a.attachPod(name, l.Attrs().Index, a.podsAtStart)
 		}
 	}
 }

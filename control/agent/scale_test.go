@@ -24,6 +24,7 @@ import (
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/control/source"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 )
 
@@ -128,7 +129,7 @@ func controlPlaneRun(b *testing.B, n int) {
 	testenv.RequirePrivileged(b)
 	opts := loader.DefaultOptions()
 	opts.PinRoot = testenv.BPFFS(b)
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

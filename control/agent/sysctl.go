@@ -169,6 +169,13 @@ func checkSNATRange(lo, hi uint16) error {
 	return nil
 }
 
+// snatReservation is what reserveSNATPorts changed in
+// ip_local_reserved_ports, for undoSNATReservation.
+type snatReservation struct {
+	added    portSet // ports it reserved
+	released portSet // ports of an earlier range it gave back to the host
+}
+
 // reserveSNATPorts keeps the host's own sockets out of the SNAT port
 // range: if the range overlaps ip_local_port_range, it is added to
 // ip_local_reserved_ports (keeping what is there), so no ephemeral port
@@ -177,11 +184,11 @@ func checkSNATRange(lo, hi uint16) error {
 // agent added (those not reserved already) is recorded under pinRoot, so
 // that a later start or ReleaseSNATPorts removes those and nothing that
 // was reserved by someone else. checkSNATRange has accepted the range.
-// It returns the ports it added (for unreserveSNATPorts).
-func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (portSet, error) {
+// It returns what it changed there.
+func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (snatReservation, error) {
 	eLo, eHi, err := ephemeralRange()
 	if err != nil {
-		return portSet{}, err
+		return snatReservation{}, err
 	}
 	var want portSet
 	if int(hi) >= eLo && int(lo) <= eHi {
@@ -189,11 +196,11 @@ func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (portSet,
 	}
 	mine, err := loadReservedRecord(pinRoot)
 	if err != nil {
-		return portSet{}, err
+		return snatReservation{}, err
 	}
 	cur, err := readReservedPorts()
 	if err != nil {
-		return portSet{}, err
+		return snatReservation{}, err
 	}
 	release := mine.minus(want)
 	kept := cur.minus(release)
@@ -202,13 +209,13 @@ func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (portSet,
 	if next == cur {
 		// Nothing to write (the range may be reserved by the node):
 		// what the agent added and still wants stays its own.
-		return portSet{}, storeReservedRecord(pinRoot, mine.and(want).and(cur))
+		return snatReservation{}, storeReservedRecord(pinRoot, mine.and(want).and(cur))
 	}
 	// The record drops the ports to release before they are released:
 	// a crash in between leaves them reserved, never removes another's.
 	if release.count() > 0 {
 		if err := storeReservedRecord(pinRoot, mine.minus(release)); err != nil {
-			return portSet{}, err
+			return snatReservation{}, err
 		}
 	}
 	if err := writeReservedPorts(next); err != nil {
@@ -217,12 +224,12 @@ func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (portSet,
 		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports: "+
 			"host connections may collide with translated flows",
 			"ports", fmt.Sprintf("%d-%d", lo, hi), "error", err)
-		return portSet{}, storeReservedRecord(pinRoot, mine.and(cur))
+		return snatReservation{}, storeReservedRecord(pinRoot, mine.and(cur))
 	}
 	if err := storeReservedRecord(pinRoot, mine.and(want).and(kept).or(added)); err != nil {
 		// Reserved but not recorded: only a later start or detach that
 		// finds the record could release them.
-		return portSet{}, err
+		return snatReservation{}, err
 	}
 	if release.count() > 0 {
 		log.Info("SNAT ports of an earlier range released to the host", "ports", release.and(cur).String())
@@ -231,15 +238,15 @@ func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (portSet,
 		log.Info("SNAT ports reserved from the host's ephemeral range", "ports", added.String(),
 			"ip_local_port_range", fmt.Sprintf("%d-%d", eLo, eHi))
 	}
-	return added, nil
+	return snatReservation{added: added, released: release.and(cur)}, nil
 }
 
-// unreserveSNATPorts undoes what reserveSNATPorts added, for a start
-// that failed with no datapath left to use the ports: it removes them
-// from ip_local_reserved_ports and from the record, as far as the record
-// still holds them (no one else's reservation is touched).
-func unreserveSNATPorts(pinRoot string, added portSet) error {
-	if added.count() == 0 {
+// undoSNATReservation undoes r, for a start that failed: the ports it
+// added leave ip_local_reserved_ports and the record, as far as the record
+// still holds them (no one else's reservation is touched), and those it
+// released are reserved and recorded again.
+func undoSNATReservation(pinRoot string, r snatReservation) error {
+	if r.added.count() == 0 && r.released.count() == 0 {
 		return nil
 	}
 	mine, err := loadReservedRecord(pinRoot)
@@ -250,16 +257,17 @@ func unreserveSNATPorts(pinRoot string, added portSet) error {
 	if err != nil {
 		return err
 	}
-	undo := added.and(mine)
+	undo := r.added.and(mine)
 	// The record first: a failure in between leaves the ports reserved,
 	// never removes another's.
-	if err := storeReservedRecord(pinRoot, mine.minus(undo)); err != nil {
+	if err := storeReservedRecord(pinRoot, mine.minus(undo).or(r.released)); err != nil {
 		return err
 	}
-	if held := undo.and(cur); held.count() == 0 {
+	next := cur.minus(undo).or(r.released)
+	if next == cur {
 		return nil
 	}
-	return writeReservedPorts(cur.minus(undo))
+	return writeReservedPorts(next)
 }
 
 // ReleaseSNATPorts removes from ip_local_reserved_ports the ports the

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 // TestSNATPortReservations runs reservations and releases in a fresh
@@ -100,10 +102,9 @@ func TestSNATPortReservations(t *testing.T) {
 }
 
 // A failed start gives back the SNAT ports it reserved when no datapath is
-// left to use them; with an earlier agent's datapath attached, its
-// programs still translate to those ports (to the failed start's range,
-// which the load wrote into the maps they share) and the reservation
-// stays.
+// left to use them; with an earlier agent's datapath attached, whose
+// configuration it puts back, the range that datapath translates to stays
+// reserved, also when the failed start had another.
 func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 	for _, c := range []struct {
 		name         string
@@ -113,7 +114,7 @@ func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 	}{
 		{"fresh start", false, "40000-60999", ""},
 		{"earlier datapath attached", true, "40000-60999", "40000-60999"},
-		{"earlier datapath attached, range changed", true, "35000-45000", "35000-45000"},
+		{"earlier datapath attached, range changed", true, "35000-45000", "40000-60999"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ns := testenv.NewNetns(t, "rsvfail")
@@ -149,6 +150,20 @@ func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 			}
 			if reserved != c.wantReserved {
 				t.Errorf("after the failed start: ip_local_reserved_ports %q, want %q", reserved, c.wantReserved)
+			}
+			if c.earlier {
+				// The range the earlier datapath translates to.
+				m, err := loader.OpenPinned(opts.PinRoot)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var dc xdp.NicDatapathConfig
+				err = m.Config.Lookup(uint32(0), &dc)
+				m.Close()
+				if err != nil || dc.SnatPortMin != opts.SNATPortMin || dc.SnatPortMax != opts.SNATPortMax {
+					t.Errorf("after the failed start the datapath translates to ports %d-%d (%v), want %d-%d",
+						dc.SnatPortMin, dc.SnatPortMax, err, opts.SNATPortMin, opts.SNATPortMax)
+				}
 			}
 			// The record agrees: a later detach releases what is reserved.
 			rec, err := loadReservedRecord(opts.PinRoot)

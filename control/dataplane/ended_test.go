@@ -5,6 +5,7 @@ import (
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/xdp"
 )
 
@@ -60,7 +61,7 @@ func TestMigrationLeavesEndedFlowsOutFirst(t *testing.T) {
 	}
 	opts := dp.Options()
 	opts.ConntrackMax = after
-	moved, err := loader.Load(opts, nil)
+	moved, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ func loadSmall(t testing.TB, size func(*loader.Options)) (*loader.Datapath, *dat
 	if size != nil {
 		size(&opts)
 	}
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/control/metrics"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -20,7 +21,7 @@ func TestScrapeReadsTheDatapath(t *testing.T) {
 	opts := loader.DefaultOptions()
 	opts.PinRoot = testenv.BPFFS(t)
 	opts.ConntrackMax, opts.NATMax = 1024, 1024
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

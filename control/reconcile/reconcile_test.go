@@ -30,7 +30,7 @@ func newDatapath(t testing.TB, resize ...func(*loader.Options)) *dataplane.Datap
 	for _, r := range resize {
 		r(&opts)
 	}
-	dp, err := loader.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

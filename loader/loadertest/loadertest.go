@@ -1,7 +1,11 @@
 // Package loadertest helps tests load a real datapath with small maps.
 package loadertest
 
-import "github.com/xdplb/xdplb/loader"
+import (
+	"log/slog"
+
+	"github.com/xdplb/xdplb/loader"
+)
 
 // SmallOptions returns the default options with maps sized for tests
 // (a thousand flows, a few dozen services and backends), pinned under
@@ -12,4 +16,18 @@ func SmallOptions(pinRoot string) loader.Options {
 	opts.ConntrackMax, opts.NATMax, opts.AffinityMax = 1024, 1024, 256
 	opts.ServicesMax, opts.FrontendsMax, opts.BackendsMax, opts.SourceRangesMax = 64, 256, 64, 64
 	return opts
+}
+
+// Load loads a datapath and commits its pins at once, for tests whose
+// datapath takes over the pins before it attaches anything, if it does.
+func Load(opts loader.Options, log *slog.Logger) (*loader.Datapath, error) {
+	dp, err := loader.Load(opts, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := dp.CommitPins(); err != nil {
+		dp.Close()
+		return nil, err
+	}
+	return dp, nil
 }
