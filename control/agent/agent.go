@@ -602,7 +602,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.LastSync.SetToCurrentTime()
 	a.metrics.ServicePorts.Set(float64(res.ServicePorts))
 	a.metrics.PendingChanges.Set(float64(a.pending.Load()))
-	a.observeProgramming(state, changed)
+	a.observeProgramming(state, changed, res.ProblemPorts)
 	// Everything queued before start is applied. Healthy only once the
 	// first pass over the pod interfaces is done (a pod's traffic to a
 	// service bypasses the datapath until its interface has the pod
@@ -692,11 +692,16 @@ func (a *Agent) logProblems(problems []string) {
 
 // observeProgramming records, for every service port whose endpoints
 // changed in this sync (changed: their keys, nil for all), how long ago the
-// change was triggered.
-func (a *Agent) observeProgramming(state model.State, changed map[string]bool) {
+// change was triggered. A port the sync could not program fully (unfit:
+// Result.ProblemPorts) is not observed yet: its change counts from its
+// trigger until a sync programs it.
+func (a *Agent) observeProgramming(state model.State, changed, unfit map[string]bool) {
 	observe := func(key string, s *model.Service) {
 		if s == nil {
 			delete(a.lastTrigger, key)
+			return
+		}
+		if unfit[key] {
 			return
 		}
 		t := s.LastChangeTriggerTime

@@ -362,6 +362,44 @@ func TestRetryRefused(t *testing.T) {
 	}
 }
 
+// A change is observed once a sync programs its port: not while the port
+// is refused (it has problems), and then from its trigger time.
+func TestProgrammingIsObservedOnceThePortIsProgrammed(t *testing.T) {
+	m := metrics.New(nil, discard())
+	a := &Agent{lastTrigger: map[string]time.Time{}, metrics: m, syncs: 1}
+	trigger := time.Now().Add(-3 * time.Second)
+	web := model.Service{Namespace: "ns", Name: "web", Protocol: model.TCP, LastChangeTriggerTime: trigger}
+	state := model.State{Services: []model.Service{web}}
+	observed := func() (uint64, float64) {
+		t.Helper()
+		families, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == "xdplb_network_programming_duration_seconds" {
+				h := f.GetMetric()[0].GetHistogram()
+				return h.GetSampleCount(), h.GetSampleSum()
+			}
+		}
+		t.Fatal("no programming duration histogram")
+		return 0, 0
+	}
+
+	a.observeProgramming(state, nil, map[string]bool{web.Key(): true})
+	if n, _ := observed(); n != 0 {
+		t.Fatalf("%d observations for a refused port, want none", n)
+	}
+	a.observeProgramming(state, nil, nil)
+	if n, sum := observed(); n != 1 || sum < 3 {
+		t.Fatalf("%d observations summing %.1f s once programmed, want one of at least 3 s", n, sum)
+	}
+	a.observeProgramming(state, nil, nil)
+	if n, _ := observed(); n != 1 {
+		t.Errorf("the same change observed again: %d observations", n)
+	}
+}
+
 // The last-change times kept per service port go with their port, whether
 // it is removed in an incremental or in a full sync.
 func TestProgrammingTimesForgetRemovedPorts(t *testing.T) {
@@ -370,15 +408,15 @@ func TestProgrammingTimesForgetRemovedPorts(t *testing.T) {
 		return model.Service{Namespace: "ns", Name: name, Protocol: model.TCP, LastChangeTriggerTime: time.Now()}
 	}
 	both := model.State{Services: []model.Service{port("web"), port("db")}}
-	a.observeProgramming(both, nil)
+	a.observeProgramming(both, nil, nil)
 	if len(a.lastTrigger) != 2 {
 		t.Fatalf("%d ports recorded, want 2", len(a.lastTrigger))
 	}
-	a.observeProgramming(model.State{Services: []model.Service{port("web")}}, nil)
+	a.observeProgramming(model.State{Services: []model.Service{port("web")}}, nil, nil)
 	if _, ok := a.lastTrigger["ns/db/TCP"]; ok || len(a.lastTrigger) != 1 {
 		t.Errorf("after a full sync without ns/db: %v", a.lastTrigger)
 	}
-	a.observeProgramming(model.State{}, nil)
+	a.observeProgramming(model.State{}, nil, nil)
 	if len(a.lastTrigger) != 0 {
 		t.Errorf("after a full sync without ports: %v", a.lastTrigger)
 	}

@@ -330,6 +330,10 @@ func TestRefusedPortWaitsForRoomAcrossIncrementalApplies(t *testing.T) {
 	if res.ServicePorts != 1 {
 		t.Errorf("full Apply: %d service ports programmed, want 1 (big refused)", res.ServicePorts)
 	}
+	big := fePort("big", 2, 6)
+	if !res.ProblemPorts[big.Key()] || len(res.ProblemPorts) != 1 {
+		t.Errorf("full Apply: problem ports %v, want %s alone", res.ProblemPorts, big.Key())
+	}
 	res = h.change(nil, fePort("c", 3, 1))
 	if res.WaitingForRoom != 1 || len(res.Problems) != 1 || !strings.Contains(res.Problems[0], "big") {
 		t.Errorf("incremental Apply of another port: %d waiting for room, problems %q; want big still reported",
@@ -343,8 +347,9 @@ func TestRefusedPortWaitsForRoomAcrossIncrementalApplies(t *testing.T) {
 		t.Errorf("removal of a: freed room %v, %d waiting for room; want both", res.FreedRoom(), res.WaitingForRoom)
 	}
 	res = h.full(fePort("big", 2, 6), fePort("c", 3, 1))
-	if res.WaitingForRoom != 0 || len(res.Problems) != 0 {
-		t.Errorf("full Apply after the removal: %d waiting for room, problems %q; want big programmed", res.WaitingForRoom, res.Problems)
+	if res.WaitingForRoom != 0 || len(res.Problems) != 0 || len(res.ProblemPorts) != 0 {
+		t.Errorf("full Apply after the removal: %d waiting for room, problems %q in %v; want big programmed",
+			res.WaitingForRoom, res.Problems, res.ProblemPorts)
 	}
 	if got := h.programmed(); got["big"] != 6 || got["c"] != 1 || len(got) != 2 {
 		t.Errorf("frontends by service %v, want big 6 and c 1", got)

@@ -45,6 +45,10 @@ type Result struct {
 	// ranges that do not fit in their map); the rest was. They are every
 	// port's, not only those this Apply changed, sorted by port.
 	Problems []string
+	// ProblemPorts are the keys of the ports Problems are about: their
+	// endpoints' latest change may not be in the datapath (a port refused
+	// whole, or in part, or keeping its previous version).
+	ProblemPorts map[string]bool
 	// WaitingForRoom counts the ports among them refused, whole or in
 	// part, for lack of room in a map or an id range: a later sync that
 	// frees room (FreedRoom) may fit them. Only a full Apply tries ports
@@ -497,6 +501,10 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 			continue
 		}
 		res.Problems = append(res.Problems, rec.problems...)
+		if res.ProblemPorts == nil {
+			res.ProblemPorts = map[string]bool{}
+		}
+		res.ProblemPorts[k] = true
 		if rec.waitsForRoom {
 			res.WaitingForRoom++
 		}
