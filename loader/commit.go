@@ -49,7 +49,7 @@ func (d *Datapath) CommitPins() error {
 // of ours runs it again (a pinned link updated in place gets it back; one
 // that was detached or moved to another XDP mode is attached again as it
 // was), and a hook that ran none is detached. The configuration the load
-// overwrote is written back. The pins are not touched. Close the datapath
+// overwrote is written back. The map pins are not touched. Close the datapath
 // afterwards. An error names what could not be put back.
 func (d *Datapath) Revert() error {
 	if d.committed {

@@ -85,9 +85,10 @@ type Agent struct {
 }
 
 // Start loads and attaches the datapath and connects to the source. On
-// error nothing that this call attached stays attached, and what an
-// earlier agent attached runs its programs on its maps as before (see
-// start). First of all it takes the lock on the pin root, which it holds
+// an error before the new maps are pinned, nothing that this call
+// attached stays attached, and what an earlier agent attached runs its
+// programs on its maps as before (see start; the error says so when
+// something could not be put back). First of all it takes the lock on the pin root, which it holds
 // until Run returns: a second agent on the same pins fails here, before it
 // loads or attaches anything (a *loader.PinsInUseError).
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
@@ -148,7 +149,9 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	// recorded there. Before the attach: no flow takes a SNAT port first.
 	reserved, err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log)
 	if err != nil {
-		revertDatapath(dp, nil, log)
+		if revertErr := revertDatapath(dp, nil, log); revertErr != nil {
+			err = fmt.Errorf("%w; and putting back what this start changed failed: %w", err, revertErr)
+		}
 		closeListeners()
 		return nil, err
 	}
@@ -160,7 +163,9 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	// afresh are detached.
 	var fresh []string
 	revert := func(err error) (*Agent, error) {
-		revertDatapath(dp, fresh, log)
+		if revertErr := revertDatapath(dp, fresh, log); revertErr != nil {
+			err = fmt.Errorf("%w; and putting back what this start changed failed: %w", err, revertErr)
+		}
 		if !earlier {
 			// No datapath is left to use the ports of the range given
 			// back: they stay the host's.
@@ -218,13 +223,17 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 
 // revertDatapath puts back what a failed start changed with a datapath
 // whose pins are not committed (see loader.Datapath.Revert), detaching
-// the interfaces it attached afresh, and closes it.
-func revertDatapath(dp *loader.Datapath, fresh []string, log *slog.Logger) {
+// the interfaces it attached afresh, and closes it. The error names the
+// hooks it could not put back: they may run this datapath's programs on
+// maps no pin names, until the next start replaces them.
+func revertDatapath(dp *loader.Datapath, fresh []string, log *slog.Logger) error {
 	detachFresh(dp, fresh, log)
-	if err := dp.Revert(); err != nil {
+	err := dp.Revert()
+	if err != nil {
 		log.Error("a failed start could not put back everything it changed", "error", err)
 	}
 	dp.Close()
+	return err
 }
 
 // datapathAttached reports whether an earlier agent left any link pinned

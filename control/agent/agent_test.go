@@ -305,6 +305,67 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 	}
 }
 
+// An agent restarted without pod interfaces detaches those an earlier
+// agent attached: their links would run its programs on maps the pins
+// no longer name.
+func TestRestartWithoutPodInterfacesDetachesThem(t *testing.T) {
+	ns := testenv.NewNetns(t, "nopods")
+	vethUp(ns, "edge0", "edge1", "192.0.2.1/24")
+	vethUp(ns, "pod0", "pod1", "10.244.0.1/32")
+	cfg := fileConfig(t, "edge0")
+	cfg.PodInterfaces = "pod0"
+	podProgs := func() int {
+		t.Helper()
+		var n int
+		if err := ns.Do(func() error {
+			dev, err := netlink.LinkByName("pod0")
+			if err != nil {
+				return err
+			}
+			for _, a := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+				r, err := link.QueryPrograms(link.QueryOptions{Target: dev.Attrs().Index, Attach: a})
+				if err != nil {
+					return err
+				}
+				n += len(r.Programs)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	run := func(cfg Config) {
+		t.Helper()
+		if err := ns.Do(func() error {
+			a, err := Start(context.Background(), cfg, discard())
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			defer a.hcNodes.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // one pass over the interfaces, no watch
+			a.watchPods(ctx)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(cfg)
+	if n := podProgs(); n != 2 {
+		t.Fatalf("pod0 runs %d programs after a start with pod interfaces, want 2", n)
+	}
+	cfg.PodInterfaces = ""
+	run(cfg)
+	if n := podProgs(); n != 0 {
+		t.Errorf("pod0 runs %d programs after a start without pod interfaces, want none", n)
+	}
+	if pinned, err := loader.PodInterfaces(cfg.Datapath.PinRoot); err != nil || len(pinned) != 0 {
+		t.Errorf("pinned pod interfaces %v (%v), want none", pinned, err)
+	}
+}
+
 // The SNAT hint sweep runs at the first sync, then at the first sync an
 // interval after a removal (the purge of its flows is done by then).
 func TestHintSweepIsDue(t *testing.T) {

@@ -38,12 +38,16 @@ func (a *Agent) isPodInterface(name string) bool {
 	return false
 }
 
-// watchPods attaches the pod program to every pod interface, from those
-// Start attached on, as interfaces appear, and forgets those that vanish. A netlink subscription
-// can end under load (its socket buffer overflows when many interfaces
-// come at once); then it subscribes again and catches up from a fresh list.
+// watchPods attaches the pod program to every pod interface as it
+// appears (Start attached those there were), and forgets those that
+// vanish. A netlink subscription can end under load (its socket buffer
+// overflows when many interfaces come at once); then it subscribes again
+// and catches up from a fresh list.
 func (a *Agent) watchPods(ctx context.Context) {
 	if len(podPatterns(a.cfg.PodInterfaces)) == 0 {
+		// Pod interfaces are off: those an earlier agent attached go,
+		// or they would run its programs on maps no pin names.
+		a.forgetPinnedPods()
 		a.podsDone()
 		return
 	}
@@ -61,6 +65,18 @@ func (a *Agent) watchPods(ctx context.Context) {
 			return
 		case <-time.After(retry):
 		}
+	}
+}
+
+// forgetPinnedPods detaches every pod interface with a pinned link.
+func (a *Agent) forgetPinnedPods() {
+	pinned, err := loader.PodInterfaces(a.cfg.Datapath.PinRoot)
+	if err != nil {
+		a.log.Warn("list pinned pod interfaces", "error", err)
+		return
+	}
+	for _, name := range pinned {
+		a.forgetPod(name, map[string]int{})
 	}
 }
 
