@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -123,6 +124,57 @@ func TestReplacedMapSaysWhyItStartsEmpty(t *testing.T) {
 				t.Errorf("%d entries copied, want %d", repl.copied, c.copied)
 			}
 		})
+	}
+}
+
+// Packet counters pinned by a version with fewer reasons carry over into
+// the larger array, every CPU's count at its index.
+func TestCountersCarryOverIntoALargerArray(t *testing.T) {
+	spec := func(n uint32) *ebpf.MapSpec {
+		return &ebpf.MapSpec{Name: "stats", Type: ebpf.PerCPUArray, KeySize: 4,
+			ValueSize: uint32(binary.Size(xdp.NicCounter{})), MaxEntries: n}
+	}
+	old, err := ebpf.NewMap(spec(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := func(i uint32) []xdp.NicCounter {
+		v := make([]xdp.NicCounter, cpus)
+		for c := range v {
+			v[c] = xdp.NicCounter{Packets: uint64(100*i + uint32(c) + 1), Bytes: uint64(1000 * (i + 1))}
+		}
+		return v
+	}
+	for i := range uint32(3) {
+		if err := old.Put(i, counts(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	repl, err := fillReplacement("stats", spec(5), old, migrations(DefaultOptions(), nil)["stats"], slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer repl.m.Close()
+	if repl.copied != 3 {
+		t.Errorf("%d counters copied, want 3", repl.copied)
+	}
+	for i := range uint32(5) {
+		var got []xdp.NicCounter
+		if err := repl.m.Lookup(i, &got); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]xdp.NicCounter, cpus)
+		if i < 3 {
+			want = counts(i)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("counter %d: %v, want %v", i, got, want)
+		}
 	}
 }
 

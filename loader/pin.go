@@ -47,11 +47,15 @@ func ensureBPFFS(root string, log *slog.Logger) error {
 // matters as much: tracked flows name their backend by id and frontends
 // their Maglev tables, and the new programs run before the agent's first
 // sync (which waits for the API server): a backends array that started
-// empty would turn every tracked flow into a "backend gone" reset. Maps
-// without a migration (counters, SNAT bucket hands laid out for the old
-// options) start empty.
+// empty would turn every tracked flow into a "backend gone" reset. The
+// packet counters are copied too (a version with a new reason has a
+// larger array; reasons are only ever appended). Maps without a migration
+// (per-service counters, SNAT bucket hands laid out for the old options)
+// start empty.
 func migrations(opts Options, hints *ebpf.Map) map[string]migration {
 	return map[string]migration{
+		"stats": copyPerCPUArray[xdp.NicCounter],
+
 		"conntrack":  copyRecentFirst[xdp.NicCtKey](ctLastSeen),
 		"nat":        copyRecentFirst[xdp.NicNatKey](func(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }),
 		"affinity":   copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
@@ -84,6 +88,24 @@ func copyEntries[K any, V comparable](from, to *ebpf.Map) (copied, skipped int, 
 		return w.copied, w.skipped, fmt.Errorf("read entries: %w", err)
 	}
 	return w.copied, w.skipped, nil
+}
+
+// copyPerCPUArray is the migration of a per-CPU array of V: each index
+// both arrays have is copied, every CPU's value; those beyond a smaller
+// array are skipped.
+func copyPerCPUArray[V any](from, to *ebpf.Map) (copied, skipped int, err error) {
+	n := min(from.MaxEntries(), to.MaxEntries())
+	var values []V
+	for i := range n {
+		if err := from.Lookup(i, &values); err != nil {
+			return copied, skipped, fmt.Errorf("read index %d: %w", i, err)
+		}
+		if err := to.Put(i, values); err != nil {
+			return copied, skipped, fmt.Errorf("write index %d: %w", i, err)
+		}
+		copied++
+	}
+	return copied, int(from.MaxEntries() - n), nil
 }
 
 // copyInnerMaps is the migration of maglev_tables: the new outer map

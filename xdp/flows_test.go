@@ -1076,7 +1076,7 @@ func TestBackendsFINOrRSTClosesTheFlow(t *testing.T) {
 		flags uint8
 		state xdp.NicCtTcpState
 	}{
-		{"FIN", packet.FIN | packet.ACK, xdp.NicCtTcpStateCT_TCP_FIN},
+		{"FIN", packet.FIN | packet.ACK, xdp.NicCtTcpStateCT_TCP_REPLY_FIN},
 		{"RST", packet.RST, xdp.NicCtTcpStateCT_TCP_RST},
 		{"ACK: still open", packet.ACK, 0},
 	} {
@@ -1098,7 +1098,7 @@ func TestBackendsFINOrRSTClosesTheFlow(t *testing.T) {
 			if err := f.dp.Maps.Conntrack.Lookup(ctKeyOf(key), &e); err != nil {
 				t.Fatal(err)
 			}
-			const closing = xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_RST
+			const closing = xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN | xdp.NicCtTcpStateCT_TCP_RST
 			if got := xdp.NicCtTcpState(e.TcpState) & closing; got != tc.state {
 				t.Errorf("state bits %#x after the reply, want %#x", got, tc.state)
 			}
@@ -1416,34 +1416,56 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	})
 }
 
-// TestClosingFlowYieldsItsReplyTupleToANewConnection: a client that
+// TestClosedFlowYieldsItsReplyTupleToANewConnection: a client that
 // reuses its port for another frontend after its connection to the same
 // backend closed (the backend sees one tuple reused, as after TIME_WAIT)
-// gets the reply tuple; the closed connection ends at its next check.
-func TestClosingFlowYieldsItsReplyTupleToANewConnection(t *testing.T) {
-	for _, closing := range []struct {
-		name  string
-		flags uint8
+// gets the reply tuple with its SYN; the closed connection ends at its
+// next check. A half-closed connection (a FIN one way only) keeps it: its
+// backend may still send.
+func TestClosedFlowYieldsItsReplyTupleToANewConnection(t *testing.T) {
+	const clientPort = 7002
+	fromClient := func(flags uint8) packet.Frame {
+		return tcpFrame(clientAddr, clientPort, nodeAddr, nodePort, flags, "")
+	}
+	fromBackend := func(flags uint8) packet.Frame {
+		return packet.Frame{SrcMAC: localPodMAC, Src: localPod, Dst: clientAddr, Proto: packet.TCP, TTL: 64,
+			SrcPort: podPort, DstPort: clientPort, Flags: flags}
+	}
+	for _, tc := range []struct {
+		name string
+		// closing is what the first connection saw, in order.
+		closing []packet.Frame
+		yields  bool
 	}{
-		{"FIN", packet.FIN | packet.ACK},
-		{"RST", packet.RST},
+		{"RST from the client", []packet.Frame{fromClient(packet.RST)}, true},
+		{"RST from the backend", []packet.Frame{fromBackend(packet.RST)}, true},
+		{"FIN each way", []packet.Frame{fromClient(packet.FIN | packet.ACK), fromBackend(packet.FIN | packet.ACK)}, true},
+		{"FIN from the client only", []packet.Frame{fromClient(packet.FIN | packet.ACK)}, false},
+		{"FIN from the backend only", []packet.Frame{fromBackend(packet.FIN | packet.ACK)}, false},
 	} {
-		t.Run(closing.name, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			svc := webService()
 			svc.backends = map[uint32]dataplane.Backend{3: backendLocal}
 			svc.table = []uint32{3, 3, 3, 3, 3, 3, 3}
 			f.program(svc)
-			const clientPort = 7002
 			replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(podPort),
 				Daddr: xdp.AddrToNet(clientAddr), Dport: xdp.PortToNet(clientPort), Proto: packet.TCP}
+			repliesLeaveAs := func(want netip.Addr) {
+				t.Helper()
+				var rev xdp.NicNatEntry
+				if err := f.dp.Maps.NAT.Lookup(replyTuple, &rev); err != nil {
+					t.Fatalf("reverse half of the reply tuple: %v", err)
+				}
+				if got := xdp.NetToAddr(rev.FrontendAddr); got != want {
+					t.Fatalf("replies leave from %s, want %s", got, want)
+				}
+			}
 			started := map[string]uint64{"new_flow": 1, "pass_to_stack": 1}
-			toNodePort := tcpFrame(clientAddr, clientPort, nodeAddr, nodePort, packet.SYN, "")
 			f.expectCounters(started, func() {
-				f.expectVerdict(f.run(toNodePort.Bytes(), f.nic0), xdpPass)
+				f.expectVerdict(f.run(fromClient(packet.SYN).Bytes(), f.nic0), xdpPass)
 			})
-			established := toNodePort
-			established.Flags = packet.ACK
+			established := fromClient(packet.ACK)
 			f.expectVerdict(f.run(established.Bytes(), f.nic0), xdpPass)
 
 			// While the first connection is open, a SYN through the LB IP
@@ -1453,35 +1475,42 @@ func TestClosingFlowYieldsItsReplyTupleToANewConnection(t *testing.T) {
 				f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpDrop)
 			})
 
-			closed := toNodePort
-			closed.Flags = closing.flags
-			f.expectVerdict(f.run(closed.Bytes(), f.nic0), xdpPass)
-			// A packet without SYN does not open a connection: refused
-			// still, with a RST.
+			for _, p := range tc.closing {
+				if p.Src == clientAddr {
+					f.expectVerdict(f.run(p.Bytes(), f.nic0), xdpPass)
+				} else if verdict, _ := f.runTC(f.dp.PodProgram(), p.Bytes(), f.pod0); verdict != tcActRedirect {
+					t.Fatalf("backend's %#x: verdict %d, want it translated and sent on", p.Flags, int32(verdict))
+				}
+			}
+			// Only a SYN opens a connection: a packet without SYN is
+			// refused with a RST, a SYN-ACK is dropped.
 			midConnection := toLB
 			midConnection.Flags = packet.ACK
 			f.expectReset(midConnection, "rst_reply_tuple_taken")
+			synACK := toLB
+			synACK.Flags = packet.SYN | packet.ACK
+			f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+				f.expectVerdict(f.run(synACK.Bytes(), f.nic0), xdpDrop)
+			})
 
+			if !tc.yields {
+				f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+					f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpDrop)
+				})
+				repliesLeaveAs(nodeAddr)
+				return
+			}
 			f.expectCounters(started, func() {
 				f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpPass)
 			})
-			var rev xdp.NicNatEntry
-			if err := f.dp.Maps.NAT.Lookup(replyTuple, &rev); err != nil {
-				t.Fatalf("reverse half of the reply tuple: %v", err)
-			}
-			if got := netip.AddrPortFrom(xdp.NetToAddr(rev.FrontendAddr), xdp.NetToPort(rev.FrontendPort)); got != netip.AddrPortFrom(lbIP, lbPort) {
-				t.Fatalf("replies leave as %s, want the new connection's frontend %s:%d", got, lbIP, lbPort)
-			}
-
+			repliesLeaveAs(lbIP)
 			// The closed connection's late ACK, after its once-a-second
 			// check, ends it; the new connection keeps the tuple.
 			first := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
 				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
 			f.ageFlow(first)
 			f.expectReset(established, "rst_reply_tuple_taken")
-			if err := f.dp.Maps.NAT.Lookup(replyTuple, &rev); err != nil || xdp.NetToAddr(rev.FrontendAddr) != lbIP {
-				t.Errorf("after the closed connection's check the reply tuple is %+v, %v; want the new connection's", rev, err)
-			}
+			repliesLeaveAs(lbIP)
 		})
 	}
 }

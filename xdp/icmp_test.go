@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/tests/packet"
 )
 
@@ -114,6 +115,33 @@ func TestICMPErrorsAboutFlowsThatAreOverPass(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// An error about a packet to a backend whose flow's forward entry was
+// evicted is translated while the backend exists (a reply would rebuild
+// the entry), and left alone once it is gone (no reply would).
+func TestICMPErrorsAboutEvictedFlowsFollowTheirBackend(t *testing.T) {
+	gw := netip.MustParseAddr("10.1.0.2")
+	for _, backendGone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("backendGone=%v", backendGone), func(t *testing.T) {
+			f := newFixture(t)
+			f.program(webService())
+			in, sent := startRemoteFlow(t, f)
+			key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort),
+				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
+			if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(key)); err != nil {
+				t.Fatal(err)
+			}
+			want, verdict := map[string]uint64{"icmp_translated": 1, "redirect": 1}, uint32(xdpRedirect)
+			if backendGone {
+				f.maps.DeleteBackend(1)
+				want, verdict = map[string]uint64{"pass_icmp": 1}, xdpPass
+			}
+			var r result
+			f.expectCounters(want, func() { r = f.run(icmpError(gwMAC, gw, sent.Src, 4, sent).Bytes(), f.nic1) })
+			f.expectVerdict(r, verdict)
+		})
 	}
 }
 

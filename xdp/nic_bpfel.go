@@ -109,6 +109,7 @@ const (
 	NicCtTcpStateCT_TCP_ESTABLISHED NicCtTcpState = 2
 	NicCtTcpStateCT_TCP_FIN         NicCtTcpState = 4
 	NicCtTcpStateCT_TCP_RST         NicCtTcpState = 8
+	NicCtTcpStateCT_TCP_REPLY_FIN   NicCtTcpState = 16
 )
 
 type NicDatapathConfig struct {

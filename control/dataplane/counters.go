@@ -14,11 +14,13 @@ type Counter struct {
 }
 
 // Counters returns the datapath counters summed over CPUs, indexed by
-// xdp.NicStat (names from xdp.StatNames).
+// xdp.NicStat (names from xdp.StatNames). Pins of an older datapath have
+// fewer: those it lacks read as zero.
 func (d *Dataplane) Counters() ([]Counter, error) {
 	out := make([]Counter, xdp.NicStatSTAT_MAX)
+	pinned := d.m.Stats.MaxEntries()
 	var perCPU []xdp.NicCounter
-	for i := range out {
+	for i := range min(len(out), int(pinned)) {
 		if err := d.m.Stats.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %d: %w", i, err)
 		}

@@ -453,3 +453,17 @@ func Now() time.Duration {
 	}
 	return time.Duration(ts.Nano())
 }
+
+// tcpClosing are the state bits of a TCP connection that is closing: a
+// FIN either way, or a RST (CT_TCP_CLOSING in include/conntrack.h).
+const tcpClosing = uint8(xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN |
+	xdp.NicCtTcpStateCT_TCP_RST)
+
+// TCPClosing reports whether a flow's TCP state bits say it is closing.
+func TCPClosing(state uint8) bool { return state&tcpClosing != 0 }
+
+// TCPEstablished reports whether a flow's TCP state bits say it is past
+// its handshake and not closing (ct_tcp_established).
+func TCPEstablished(state uint8) bool {
+	return state&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0 && !TCPClosing(state)
+}

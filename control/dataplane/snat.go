@@ -267,9 +267,7 @@ func ctTimeout(ct xdp.NicCtEntry, proto uint8, cfg xdp.NicDatapathConfig) uint64
 	if proto != TCP {
 		return cfg.UdpTimeoutNs
 	}
-	established := ct.TcpState&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0 &&
-		ct.TcpState&uint8(xdp.NicCtTcpStateCT_TCP_FIN|xdp.NicCtTcpStateCT_TCP_RST) == 0
-	if established {
+	if TCPEstablished(ct.TcpState) {
 		return cfg.TcpEstablishedTimeoutNs
 	}
 	return cfg.TcpTransientTimeoutNs

@@ -102,7 +102,7 @@ func flowState(f dataplane.Flow) string {
 	switch {
 	case s&uint8(xdp.NicCtTcpStateCT_TCP_RST) != 0:
 		return "reset"
-	case s&uint8(xdp.NicCtTcpStateCT_TCP_FIN) != 0:
+	case dataplane.TCPClosing(s):
 		return "closing"
 	case s&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0:
 		return "established"

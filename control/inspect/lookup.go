@@ -184,15 +184,14 @@ func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.Ni
 	timeout := time.Duration(cfg.UdpTimeoutNs)
 	if fl.Proto == dataplane.TCP {
 		timeout = time.Duration(cfg.TcpTransientTimeoutNs)
-		if fl.TCPState&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0 &&
-			fl.TCPState&uint8(xdp.NicCtTcpStateCT_TCP_FIN|xdp.NicCtTcpStateCT_TCP_RST) == 0 {
+		if dataplane.TCPEstablished(fl.TCPState) {
 			timeout = time.Duration(cfg.TcpEstablishedTimeoutNs)
 		}
 	}
 	if now-fl.LastSeen > timeout {
 		return fmt.Sprintf("expired (idle %ds, timeout %s)", seconds(now-fl.LastSeen), timeout)
 	}
-	if fl.Proto == dataplane.TCP && fl.TCPState&uint8(xdp.NicCtTcpStateCT_TCP_FIN|xdp.NicCtTcpStateCT_TCP_RST) != 0 {
+	if fl.Proto == dataplane.TCP && dataplane.TCPClosing(fl.TCPState) {
 		return "closed (FIN or RST seen)"
 	}
 	if b, ok := bes[fl.BackendID]; !ok || b.Addr != fl.Backend.Addr() || b.Port != fl.Backend.Port() {

@@ -26,11 +26,21 @@ static __always_inline void ct_key_from_packet(const struct packet *pkt, struct 
 	ct_key_set(key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
 }
 
+/* The state bits of a TCP connection that is closing: a FIN or a RST. */
+#define CT_TCP_CLOSING (CT_TCP_FIN | CT_TCP_REPLY_FIN | CT_TCP_RST)
+
 /* Is the TCP connection past its handshake and not closing? */
 static __always_inline int ct_tcp_established(const struct ct_entry *ct)
 {
-	return (ct->tcp_state & CT_TCP_ESTABLISHED) &&
-	       !(ct->tcp_state & (CT_TCP_FIN | CT_TCP_RST));
+	return (ct->tcp_state & CT_TCP_ESTABLISHED) && !(ct->tcp_state & CT_TCP_CLOSING);
+}
+
+/* Is the TCP connection closed: reset, or a FIN sent each way (a FIN one
+ * way only is a half-close: the other side may still send)? */
+static __always_inline int ct_tcp_closed(const struct ct_entry *ct)
+{
+	return (ct->tcp_state & CT_TCP_RST) ||
+	       (ct->tcp_state & (CT_TCP_FIN | CT_TCP_REPLY_FIN)) == (CT_TCP_FIN | CT_TCP_REPLY_FIN);
 }
 
 static __always_inline __u64 ct_timeout(const struct ct_entry *ct, __u8 proto,
@@ -86,17 +96,11 @@ static __always_inline void ct_add_tcp_state(struct ct_entry *ct, __u8 bits)
 		__sync_fetch_and_or((__u32 *)&ct->tcp_state, (__u32)bits);
 }
 
-/* Is the TCP connection being opened: its client's SYN seen, nothing else? */
-static __always_inline int ct_tcp_opening(const struct ct_entry *ct)
-{
-	return ct->tcp_state == CT_TCP_SYN;
-}
-
 /* A SYN on a tuple whose previous connection closed starts a new flow. */
 static __always_inline int ct_reused_tuple(const struct ct_entry *ct, __u8 tcp_flags)
 {
 	return (tcp_flags & TCP_FLAG_SYN) && !(tcp_flags & TCP_FLAG_ACK) &&
-	       (ct->tcp_state & (CT_TCP_FIN | CT_TCP_RST));
+	       (ct->tcp_state & CT_TCP_CLOSING);
 }
 
 #endif /* XDPLB_CONNTRACK_H */

@@ -114,6 +114,13 @@ static __always_inline int tcp_mid_connection(const struct packet *pkt)
 	return pkt->proto == IPPROTO_TCP && !(pkt->tcp_flags & TCP_FLAG_SYN);
 }
 
+/* Does the packet open a TCP connection: a SYN without ACK? */
+static __always_inline int tcp_opening(const struct packet *pkt)
+{
+	return pkt->proto == IPPROTO_TCP &&
+	       (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
 /* Whether a port's bit is set in a port bitmap (frontend_ports,
  * host_backend_ports). */
 static __always_inline int port_in_bitmap(void *bitmap, __be16 port)
@@ -238,7 +245,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 		}
 	}
 
-	err = nat_claim(&res->key, fresh, cfg, now);
+	err = nat_claim(&res->key, fresh, tcp_opening(pkt), cfg, now);
 	if (err) {
 		if (err == -3 && tcp_mid_connection(pkt)) {
 			/* The backend has a connection from this client port
@@ -298,8 +305,7 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
 	ct_key_from_packet(pkt, &res->key);
 	/* A SYN starts a connection: skip the lookup that would miss; the
 	 * NOEXIST insert in flow_start catches a tuple that is tracked. */
-	if (pkt->proto == IPPROTO_TCP &&
-	    (pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+	if (tcp_opening(pkt))
 		return flow_start(ctx, ifindex, pkt, origin, cfg, now, res, ctp);
 
 	ct = bpf_map_lookup_elem(&conntrack, &res->key);
@@ -435,7 +441,7 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 		if (pkt->tcp_flags & TCP_FLAG_RST)
 			ct_add_tcp_state(ct, CT_TCP_RST);
 		if (pkt->tcp_flags & TCP_FLAG_FIN)
-			ct_add_tcp_state(ct, CT_TCP_FIN);
+			ct_add_tcp_state(ct, CT_TCP_REPLY_FIN);
 		if (refresh)
 			ct->last_seen_ns = now;
 	}

@@ -27,6 +27,7 @@
 #include "parse.h"
 #include "csum.h"
 #include "nat.h"
+#include "flow.h"
 
 /* The part of an ICMP error xdplb reads and rewrites. */
 struct icmp_quote {
@@ -106,18 +107,11 @@ static __always_inline void icmp_forward_rewrite(const struct packet *pkt,
 	rw->saddr = pkt->saddr == quote->ip.daddr ? entry->frontend_addr : pkt->saddr;
 }
 
-/* Is a tracked flow over: idle past its timeout, or ended by the agent? */
-static __always_inline int icmp_flow_over(const struct ct_entry *ct, __u8 proto)
-{
-	const struct datapath_config *cfg = config_get();
-
-	return cfg && ct_expired(ct, proto, cfg, bpf_ktime_get_coarse_ns());
-}
-
 /* An error about a packet sent towards a backend: the quote is a reply
  * tuple reversed. 0 and *rw filled when it is one of ours, and its flow
  * is live: not over, nor another's now (a forward entry that was evicted
- * counts as live, as for replies, which rebuild it). */
+ * counts as live while its backend exists, as for replies, which rebuild
+ * it then). */
 static __always_inline int icmp_about_forward(const struct packet *pkt,
 					      const struct icmp_quote *quote,
 					      struct icmp_rewrite *rw)
@@ -133,7 +127,8 @@ static __always_inline int icmp_about_forward(const struct packet *pkt,
 		return -1;
 	ct_key_of_nat(&key, entry, &flow);
 	ct = bpf_map_lookup_elem(&conntrack, &flow);
-	if (ct && (!ct_answers_to(ct, &key) || icmp_flow_over(ct, flow.proto)))
+	if (ct ? !ct_answers_to(ct, &key) || ct_over(ct, flow.proto, bpf_ktime_get_coarse_ns())
+	       : !reverse_backend_alive(&key, entry))
 		return -1;
 	icmp_forward_rewrite(pkt, quote, entry, rw);
 	return 0;
@@ -151,7 +146,7 @@ static __always_inline int icmp_about_reply(const struct packet *pkt,
 	ct_key_set(&flow, quote->ip.daddr, quote->ip.saddr, quote->dport, quote->sport,
 		   quote->ip.protocol);
 	ct = bpf_map_lookup_elem(&conntrack, &flow);
-	if (!ct || icmp_flow_over(ct, flow.proto))
+	if (!ct || ct_over(ct, flow.proto, bpf_ktime_get_coarse_ns()))
 		return -1;
 	rw->quote_saddr = ct->backend_addr;
 	rw->quote_sport = ct->backend_port;

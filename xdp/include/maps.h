@@ -136,8 +136,9 @@ struct ct_key {
 enum ct_tcp_state {
 	CT_TCP_SYN = 1 << 0,         /* client SYN seen */
 	CT_TCP_ESTABLISHED = 1 << 1, /* client ACK without SYN seen */
-	CT_TCP_FIN = 1 << 2,         /* FIN seen in either direction */
+	CT_TCP_FIN = 1 << 2,         /* client FIN seen (a FIN either way, before the reply bit) */
 	CT_TCP_RST = 1 << 3,         /* RST seen in either direction */
+	CT_TCP_REPLY_FIN = 1 << 4,   /* backend FIN seen */
 };
 
 enum ct_flags {
@@ -257,7 +258,8 @@ struct affinity_entry {
 /* Every verdict the datapath reaches has a reason; each is counted. Every
  * packet ends in exactly one STAT_PASS_*, STAT_TX, STAT_REDIRECT,
  * STAT_REJECT_*, STAT_RST_* or STAT_DROP_* counter; the others count events
- * on the way (a new flow, a repair). */
+ * on the way (a new flow, a repair). New reasons go at the end: the loader
+ * copies pinned counters by index into a larger array. */
 enum stat {
 	STAT_PASS_NOT_IPV4 = 0,   /* not IPv4: to the stack untouched */
 	STAT_PASS_NOT_SERVICE,    /* no frontend, no NAT state: untouched */

@@ -281,10 +281,11 @@ static __always_inline struct snat_slot *snat_slot_for(const struct nat_key *key
  * CT_F_SNAT for a SNAT flow's tuple, 0 for one without SNAT. (A flow
  * coming back after its forward entry was evicted finds its old reverse
  * half gone too; one whose entry is still there must not take it over.)
- * opening is set when the flow asking opens a TCP connection: a holder
- * that is closing (FIN or RST seen) counts as gone then, as for a SYN
- * on a closed connection's own tuple (ct_reused_tuple): to the backend
- * the two are one connection, its tuple reused.
+ * opening is set when the flow asking opens a TCP connection (a SYN): a
+ * holder that is closed (ct_tcp_closed: reset, or a FIN each way) counts
+ * as gone then, as for a SYN on a closed connection's own tuple
+ * (ct_reused_tuple): to the backend the two are one connection, its
+ * tuple reused. A half-closed holder is not: its backend may still send.
  */
 static __always_inline int reverse_holder_gone(const struct nat_key *key,
 					       const struct nat_entry *rev, __u8 snat,
@@ -298,7 +299,7 @@ static __always_inline int reverse_holder_gone(const struct nat_key *key,
 	ct = bpf_map_lookup_elem(&conntrack, &owner);
 	return !ct || (ct->flags & CT_F_SNAT) != snat || !ct_answers_to(ct, key) ||
 	       ct_expired(ct, owner.proto, cfg, now) ||
-	       (opening && (ct->tcp_state & (CT_TCP_FIN | CT_TCP_RST)));
+	       (opening && ct_tcp_closed(ct));
 }
 
 static __always_inline int snat_holder_gone(const struct nat_key *key, const struct nat_entry *rev,
@@ -647,17 +648,15 @@ static __always_inline int snat_claim(const struct ct_key *flow, struct ct_entry
 	return c.result;
 }
 
-/* Does another live flow than `flow` (entry ct) hold reply tuple `key`
- * in the nat map (found: its entry there)? A closing TCP connection
- * gives it up to one being opened (see reverse_holder_gone). */
-static __always_inline int reply_tuple_taken(const struct ct_key *flow, const struct ct_entry *ct,
-					     const struct nat_key *key,
-					     const struct nat_entry *found,
+/* Does another live flow than `flow` hold reply tuple `key` in the nat
+ * map (found: its entry there)? A closed TCP connection gives it up to a
+ * SYN (opening; see reverse_holder_gone). */
+static __always_inline int reply_tuple_taken(const struct ct_key *flow, const struct nat_key *key,
+					     const struct nat_entry *found, int opening,
 					     const struct datapath_config *cfg, __u64 now)
 {
 	return found && !nat_entry_matches(found, flow) &&
-	       !reverse_holder_gone(key, found, found->flags & CT_F_SNAT, ct_tcp_opening(ct),
-				    cfg, now);
+	       !reverse_holder_gone(key, found, found->flags & CT_F_SNAT, opening, cfg, now);
 }
 
 /*
@@ -666,23 +665,23 @@ static __always_inline int reply_tuple_taken(const struct ct_key *flow, const st
  * flow holds the tuple: the same client address and port sent to two
  * frontends with the same backend, which would then see one connection
  * where there are two. Whoever holds the tuple keeps it, unless it is a
- * closing TCP connection and this flow opens one (a client reusing its
- * port for another frontend after a connection to the same backend
- * closed); the other flow is refused (netfilter's conntrack would remap
- * its source port). Ct is this flow's forward entry. Returns
+ * closed TCP connection and this flow opens one (opening: a client
+ * reusing its port for another frontend after a connection to the same
+ * backend closed); the other flow is refused (netfilter's conntrack would
+ * remap its source port). Returns
  * 0, -2 when there was no room, -3 when the tuple is taken. Where there is
  * no entry, an insert another CPU makes first for the same tuple is not
  * overwritten; two CPUs replacing a dead holder's entry at once both
  * succeed, the later write holding the tuple.
  */
-static __always_inline int dnat_put(const struct ct_key *flow, const struct ct_entry *ct,
-				    const struct nat_key *key, const struct nat_entry *entry,
+static __always_inline int dnat_put(const struct ct_key *flow, const struct nat_key *key,
+				    const struct nat_entry *entry, int opening,
 				    const struct datapath_config *cfg, __u64 now)
 {
 	struct nat_entry *found = bpf_map_lookup_elem(&nat, key);
 	long err;
 
-	if (reply_tuple_taken(flow, ct, key, found, cfg, now))
+	if (reply_tuple_taken(flow, key, found, opening, cfg, now))
 		return -3;
 	err = bpf_map_update_elem(&nat, key, entry, found ? BPF_ANY : BPF_NOEXIST);
 	if (err == -17 /* EEXIST */) {
@@ -700,8 +699,9 @@ static __always_inline int dnat_put(const struct ct_key *flow, const struct ct_e
  * comment on SNAT_BUCKET_ATTEMPTS says.
  * Returns 0 on success, -1 when no port was free, -2 when there was no
  * room, -3 when another live flow holds the reply tuple (no SNAT).
+ * opening: the flow's packet is a SYN (see dnat_put).
  */
-static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry *ct,
+static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry *ct, int opening,
 				     const struct datapath_config *cfg, __u64 now)
 {
 	struct nat_key key;
@@ -710,7 +710,7 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 	nat_entry_of(flow, ct, &entry);
 	nat_key_of(flow, ct, &key);
 	if (!(ct->flags & CT_F_SNAT))
-		return dnat_put(flow, ct, &key, &entry, cfg, now);
+		return dnat_put(flow, &key, &entry, opening, cfg, now);
 	if (cfg->snat_port_max < cfg->snat_port_min)
 		return -1;
 	return snat_claim(flow, ct, cfg, now, &key, &entry);
@@ -852,11 +852,12 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 	if (!(ct->flags & CT_F_SNAT)) {
 		/* Without SNAT the reply tuple is fixed: this flow's, unless
 		 * another flow took it while this one's reverse half was gone
-		 * (evicted). That flow keeps it (see dnat_put). */
+		 * (evicted), or took it over from this one, closed, with a
+		 * SYN. That flow keeps it (see dnat_put). */
 		found = bpf_map_lookup_elem(&nat, &key);
 		if (found && nat_entry_matches(found, flow))
 			return NAT_OK;
-		switch (dnat_put(flow, ct, &key, &entry, cfg, now)) {
+		switch (dnat_put(flow, &key, &entry, 0, cfg, now)) {
 		case 0:
 			return NAT_REPAIRED;
 		case -3:
@@ -873,7 +874,7 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 						   : NAT_PORT_MOVED;
 	if (check != NAT_PORT_MOVED)
 		return check;
-	return nat_claim(flow, ct, cfg, now) == 0 ? NAT_PORT_MOVED : NAT_FAILED;
+	return nat_claim(flow, ct, 0, cfg, now) == 0 ? NAT_PORT_MOVED : NAT_FAILED;
 }
 
 /*
