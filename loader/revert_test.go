@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdplb/xdplb/loader"
@@ -18,31 +17,6 @@ import (
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
 )
-
-// linkPrograms returns the program each link pinned under root runs, by
-// pin name.
-func linkPrograms(t *testing.T, root string) map[string]ebpf.ProgramID {
-	t.Helper()
-	dir := filepath.Join(loader.Dir(root), "links")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	progs := map[string]ebpf.ProgramID{}
-	for _, e := range entries {
-		l, err := link.LoadPinnedLink(filepath.Join(dir, e.Name()), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := l.Info()
-		l.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		progs[e.Name()] = info.Program
-	}
-	return progs
-}
 
 // A start that fails after the load, its datapath reverted and closed
 // without committing its pins, leaves the datapath that ran before as it
@@ -165,7 +139,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 				t.Fatal(err)
 			}
 			pinned := pinnedMapIDs(t, root)
-			progs := linkPrograms(t, root)
+			progs := loadertest.LinkPrograms(t, root)
 
 			failingOpts := bigger
 			if tc.faulty != nil {
@@ -189,7 +163,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 			}
 
 			expectPins(t, root, pinned)
-			if got := linkPrograms(t, root); !maps.Equal(got, progs) {
+			if got := loadertest.LinkPrograms(t, root); !maps.Equal(got, progs) {
 				t.Errorf("after the failed start, the pinned links run %v; want those before: %v", got, progs)
 			}
 			var after xdp.NicDatapathConfig

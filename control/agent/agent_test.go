@@ -22,6 +22,7 @@ import (
 	"github.com/xdplb/xdplb/control/model"
 	"github.com/xdplb/xdplb/control/reconcile"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/loader/loadertest"
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -198,7 +199,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 	// The pinned maps' ids and the programs the pinned links run.
 	pins := func() (maps map[string]ebpf.MapID, links map[string]ebpf.ProgramID) {
 		t.Helper()
-		maps, links = map[string]ebpf.MapID{}, map[string]ebpf.ProgramID{}
+		maps = map[string]ebpf.MapID{}
 		m, err := loader.OpenPinned(root)
 		if err != nil {
 			t.Fatal(err)
@@ -214,23 +215,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 			}
 			maps[name], _ = info.ID()
 		}
-		dir := filepath.Join(loader.Dir(root), "links")
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range entries {
-			l, err := link.LoadPinnedLink(filepath.Join(dir, e.Name()), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			info, err := l.Info()
-			l.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			links[e.Name()] = info.Program
-		}
+		links = loadertest.LinkPrograms(t, root)
 		return maps, links
 	}
 
