@@ -668,11 +668,11 @@ static __always_inline int reply_tuple_taken(const struct ct_key *flow, const st
  * closed TCP connection and this flow opens one (opening: a client
  * reusing its port for another frontend after a connection to the same
  * backend closed); the other flow is refused (netfilter's conntrack would
- * remap its source port). Returns
- * 0, -2 when there was no room, -3 when the tuple is taken. Where there is
- * no entry, an insert another CPU makes first for the same tuple is not
- * overwritten; two CPUs replacing a dead holder's entry at once both
- * succeed, the later write holding the tuple.
+ * remap its source port). Returns 0, -2 when there was no room, -3 when
+ * the tuple is taken. Where there is no entry, an insert another CPU
+ * makes first for the same tuple is not overwritten; two CPUs replacing a
+ * dead (or closed) holder's entry at once both succeed, the later write
+ * holding the tuple (the other flow ends at its first check, NAT_TAKEN).
  */
 static __always_inline int dnat_put(const struct ct_key *flow, const struct nat_key *key,
 				    const struct nat_entry *entry, int opening,
