@@ -279,8 +279,8 @@ func loadCollectionSharing(spec, nicSpec *ebpf.CollectionSpec, coll *ebpf.Collec
 }
 
 // Close releases the loader's file descriptors. Attached programs and
-// pinned maps stay in the kernel. Without CommitPins, the pins stay those
-// of the maps the load adopted or replaced.
+// pinned maps stay in the kernel. Without CommitPins, the pins keep naming
+// the maps they named before Load, and the replacement maps are freed.
 func (d *Datapath) Close() error {
 	var errs []error
 	d.forgetUndo()

@@ -28,7 +28,8 @@ func podReplyLinkPath(pinRoot, ifname string) string {
 }
 
 // AttachPod attaches the pod program and the host reply program to the
-// host side of a pod interface. Attaching again updates in place.
+// host side of a pod interface. Attaching again updates in place. Before
+// CommitPins, what it changes is recorded for Revert.
 func (d *Datapath) AttachPod(ifname string) error {
 	dev, err := netlink.LinkByName(ifname)
 	if err != nil {

@@ -117,7 +117,8 @@ func (d *Datapath) rememberHostSockets(cgroupPath string) error {
 			if _, err := os.Stat(path); err == nil {
 				return updatePinnedLink(path, prev)
 			}
-			// Detached (moved to cgroupPath): attached there again.
+			// The link was dropped to move the hooks to cgroupPath:
+			// prev is attached there.
 			return attachPinnedCgroup(cgroupPath, h.attach, prev, path)
 		})
 	}

@@ -79,18 +79,20 @@ type Agent struct {
 	lock         *loader.PinLock
 	pidNamespace uint32 // of this process, recorded with its pid
 	seenProblems map[string]bool
-	// podsAtStart are the pod interfaces Start attached (name -> ifindex),
-	// where watchPods starts from.
-	podsAtStart map[string]int
+	// attachedPods are the pod interfaces attached (name -> ifindex):
+	// Start attaches those there are, and watchPods keeps the set.
+	attachedPods map[string]int
 }
 
 // Start loads and attaches the datapath and connects to the source. On
-// an error before the new maps are pinned, nothing that this call
-// attached stays attached, and what an earlier agent attached runs its
-// programs on its maps as before (see start; the error says so when
-// something could not be put back). First of all it takes the lock on the pin root, which it holds
-// until Run returns: a second agent on the same pins fails here, before it
-// loads or attaches anything (a *loader.PinsInUseError).
+// an error before the datapath's pins are committed, nothing that this
+// call attached stays attached, and what an earlier agent attached runs
+// its programs on its maps as before (see start; the error says so when
+// something could not be put back); after the commit (removing socket
+// programs no longer wanted) the interfaces keep the new datapath. First
+// of all it takes the lock on the pin root, which it holds until Run
+// returns: a second agent on the same pins fails here, before it loads or
+// attaches anything (a *loader.PinsInUseError).
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	lock, err := loader.LockPins(cfg.Datapath.PinRoot, log)
 	if err != nil {
@@ -145,37 +147,36 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListeners()
 		return nil, err
 	}
-	// After the load, which mounts the pin root: the reservation is
-	// recorded there. Before the attach: no flow takes a SNAT port first.
-	reserved, err := reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log)
-	if err != nil {
-		if revertErr := revertDatapath(dp, nil, log); revertErr != nil {
-			err = fmt.Errorf("%w; and putting back what this start changed failed: %w", err, revertErr)
-		}
-		closeListeners()
-		return nil, err
-	}
 	// Until the datapath's pins are committed, a failure puts back what
 	// this start changed: every interface and the host's sockets run the
 	// programs they ran, on the maps the pins still name (the next start
 	// copies from those), with the configuration and the SNAT port
 	// reservation those programs use. Interfaces this start attached
 	// afresh are detached.
-	var fresh []string
+	var (
+		reserved snatReservation
+		fresh    []string
+	)
 	revert := func(err error) (*Agent, error) {
-		if revertErr := revertDatapath(dp, fresh, log); revertErr != nil {
+		if revertErr := revertAndClose(dp, fresh, log); revertErr != nil {
 			err = fmt.Errorf("%w; and putting back what this start changed failed: %w", err, revertErr)
 		}
+		undo := reserved
 		if !earlier {
 			// No datapath is left to use the ports of the range given
 			// back: they stay the host's.
-			reserved.released = portSet{}
+			undo.released = portSet{}
 		}
-		if err := undoSNATReservation(cfg.Datapath.PinRoot, reserved); err != nil {
+		if err := undoSNATReservation(cfg.Datapath.PinRoot, undo); err != nil {
 			log.Warn("undo the SNAT port reservation", "error", err)
 		}
 		closeListeners()
 		return nil, err
+	}
+	// After the load, which mounts the pin root: the reservation is
+	// recorded there. Before the attach: no flow takes a SNAT port first.
+	if reserved, err = reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+		return revert(err)
 	}
 	a, err := assemble(cfg, log, src, dp)
 	if err != nil {
@@ -205,9 +206,9 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.CgroupRoot == "" {
 		removed, err := dp.DetachHostSockets()
 		if err != nil {
-			// The interfaces keep this datapath, on the maps the pins
-			// name, and its SNAT ports (an earlier agent attached those
-			// socket programs): only those attached afresh go.
+			// The pins are committed, so nothing is put back: the
+			// interfaces keep this datapath and the SNAT reservation
+			// stays; only the interfaces attached afresh go.
 			detachFresh(dp, fresh, log)
 			dp.Close()
 			closeListeners()
@@ -221,17 +222,14 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	return a, nil
 }
 
-// revertDatapath puts back what a failed start changed with a datapath
+// revertAndClose puts back what a failed start changed with a datapath
 // whose pins are not committed (see loader.Datapath.Revert), detaching
-// the interfaces it attached afresh, and closes it. The error names the
-// hooks it could not put back: they may run this datapath's programs on
-// maps no pin names, until the next start replaces them.
-func revertDatapath(dp *loader.Datapath, fresh []string, log *slog.Logger) error {
+// the interfaces it attached afresh, and closes the datapath. The error
+// names the hooks it could not put back: they may run this datapath's
+// programs on maps no pin names, until the next start replaces them.
+func revertAndClose(dp *loader.Datapath, fresh []string, log *slog.Logger) error {
 	detachFresh(dp, fresh, log)
 	err := dp.Revert()
-	if err != nil {
-		log.Error("a failed start could not put back everything it changed", "error", err)
-	}
 	dp.Close()
 	return err
 }
@@ -701,16 +699,16 @@ func (a *Agent) logProblems(problems []string) {
 
 // observeProgramming records, for every service port whose endpoints
 // changed in this sync (changed: their keys, nil for all), how long ago the
-// change was triggered. A port the sync could not program fully (unfit:
-// Result.ProblemPorts) is not observed yet: its change counts from its
+// change was triggered. A port the sync could not program fully
+// (problemPorts: Result.ProblemPorts) is not observed yet: its change counts from its
 // trigger until a sync programs it.
-func (a *Agent) observeProgramming(state model.State, changed, unfit map[string]bool) {
+func (a *Agent) observeProgramming(state model.State, changed, problemPorts map[string]bool) {
 	observe := func(key string, s *model.Service) {
 		if s == nil {
 			delete(a.lastTrigger, key)
 			return
 		}
-		if unfit[key] {
+		if problemPorts[key] {
 			return
 		}
 		t := s.LastChangeTriggerTime

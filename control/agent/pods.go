@@ -51,7 +51,7 @@ func (a *Agent) watchPods(ctx context.Context) {
 		a.podsDone()
 		return
 	}
-	attached := a.podsAtStart // name -> ifindex
+	attached := a.attachedPods // name -> ifindex
 	if attached == nil {
 		attached = map[string]int{}
 	}
@@ -76,7 +76,11 @@ func (a *Agent) forgetPinnedPods() {
 		return
 	}
 	for _, name := range pinned {
-		a.forgetPod(name, map[string]int{})
+		if err := a.dp.ForgetPod(name); err != nil {
+			a.log.Warn("detach pod interface", "interface", name, "error", err)
+			continue
+		}
+		a.log.Info("pod interface detached: pod interfaces are off", "interface", name)
 	}
 }
 
@@ -84,7 +88,7 @@ func (a *Agent) forgetPinnedPods() {
 // are, at the start: they run its programs before its pins are committed.
 // An interface that fails is logged, as watchPods does.
 func (a *Agent) attachPresentPods() {
-	a.podsAtStart = map[string]int{}
+	a.attachedPods = map[string]int{}
 	if len(podPatterns(a.cfg.PodInterfaces)) == 0 {
 		return
 	}
@@ -95,7 +99,7 @@ func (a *Agent) attachPresentPods() {
 	}
 	for _, l := range links {
 		if name := l.Attrs().Name; a.isPodInterface(name) && !isBridge(l) {
-			a.attachPod(name, l.Attrs().Index, a.podsAtStart)
+			a.attachPod(name, l.Attrs().Index, a.attachedPods)
 		}
 	}
 }

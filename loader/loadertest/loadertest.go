@@ -18,8 +18,8 @@ func SmallOptions(pinRoot string) loader.Options {
 	return opts
 }
 
-// Load loads a datapath and commits its pins at once, for tests whose
-// datapath takes over the pins before it attaches anything, if it does.
+// Load loads a datapath and commits its pins at once, for tests that do
+// not exercise a failed start (loader.Datapath.Revert).
 func Load(opts loader.Options, log *slog.Logger) (*loader.Datapath, error) {
 	dp, err := loader.Load(opts, log)
 	if err != nil {
