@@ -165,39 +165,11 @@ func TestTablesPinnedInAHashOfMapsAreKept(t *testing.T) {
 	}
 }
 
-// pinnedMapIDs returns the id of every map pinned under root, by name,
-// but the route cache, which every load starts afresh.
-func pinnedMapIDs(t *testing.T, root string) map[string]ebpf.MapID {
-	t.Helper()
-	dir := filepath.Join(loader.Dir(root), "maps")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := map[string]ebpf.MapID{}
-	for _, e := range entries {
-		if e.IsDir() || e.Name() == "new_flow_routes" {
-			continue
-		}
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, e.Name()), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := m.Info()
-		m.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[e.Name()], _ = info.ID()
-	}
-	return ids
-}
-
 // expectPins checks that the maps pinned under root are want, and that no
 // staging pins are left next to them.
 func expectPins(t *testing.T, root string, want map[string]ebpf.MapID) {
 	t.Helper()
-	got := pinnedMapIDs(t, root)
+	got := loadertest.PinnedMapIDs(t, root)
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		if got[name] != want[name] {
 			t.Errorf("map %s pinned as id %d, want the pin left to id %d", name, got[name], want[name])
@@ -254,7 +226,7 @@ func TestFailedResizeLeavesThePinsAsTheyWere(t *testing.T) {
 	if err := os.Mkdir(bad, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	pinned := pinnedMapIDs(t, root)
+	pinned := loadertest.PinnedMapIDs(t, root)
 
 	bigger := doubled(opts)
 	for range 3 {
@@ -318,7 +290,7 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 				t.Fatal(err)
 			}
 			dp.Close()
-			pinned := pinnedMapIDs(t, root)
+			pinned := loadertest.PinnedMapIDs(t, root)
 
 			failing := loader.WithPinRenames(doubled(opts), func(from, to string) error {
 				if slices.Contains(tc.fail, filepath.Base(from)) {
@@ -339,7 +311,7 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 			if !errors.Is(err, errInjected) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("error %q: want one line wrapping the cause", err)
 			}
-			now := pinnedMapIDs(t, root)
+			now := loadertest.PinnedMapIDs(t, root)
 			for _, name := range tc.stuck {
 				if now[name] == pinned[name] {
 					t.Errorf("map %s: the failed restore left its pin as it was", name)

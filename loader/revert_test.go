@@ -138,7 +138,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 			if err := running.Maps.Config.Lookup(uint32(0), &config); err != nil {
 				t.Fatal(err)
 			}
-			pinned := pinnedMapIDs(t, root)
+			pinned := loadertest.PinnedMapIDs(t, root)
 			progs := loadertest.LinkPrograms(t, root)
 
 			failingOpts := bigger
@@ -220,7 +220,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			if now := pinnedMapIDs(t, root); now["conntrack"] == pinned["conntrack"] {
+			if now := loadertest.PinnedMapIDs(t, root); now["conntrack"] == pinned["conntrack"] {
 				t.Error("the start that succeeded left the earlier conntrack pinned")
 			}
 		})

@@ -197,26 +197,9 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 	flow := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
 
 	// The pinned maps' ids and the programs the pinned links run.
-	pins := func() (maps map[string]ebpf.MapID, links map[string]ebpf.ProgramID) {
+	pins := func() (map[string]ebpf.MapID, map[string]ebpf.ProgramID) {
 		t.Helper()
-		maps = map[string]ebpf.MapID{}
-		m, err := loader.OpenPinned(root)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		for name, mp := range m.All() {
-			if mp == nil {
-				continue
-			}
-			info, err := mp.Info()
-			if err != nil {
-				t.Fatal(err)
-			}
-			maps[name], _ = info.ID()
-		}
-		links = loadertest.LinkPrograms(t, root)
-		return maps, links
+		return loadertest.PinnedMapIDs(t, root), loadertest.LinkPrograms(t, root)
 	}
 
 	if err := ns.Do(func() error {
