@@ -151,12 +151,12 @@ func TestClsactFiltersArePutBack(t *testing.T) {
 				return err
 			}
 		}
-		for _, s := range slices.Backward(d.undo) {
-			if err := s.undo(); err != nil {
+		for _, s := range slices.Backward(d.revertSteps) {
+			if err := s.putBack(); err != nil {
 				return err
 			}
 		}
-		d.forgetUndo()
+		d.forgetRevertSteps()
 		in, err := clsactFilter(ifindex, tcIngress)
 		if err != nil {
 			return err

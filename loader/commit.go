@@ -13,11 +13,11 @@ import (
 // put back what it changes, so that a start that fails can leave every
 // interface running the programs it ran, on the maps the pins still name.
 
-// undoStep puts back one hook as an attach found it.
-type undoStep struct {
-	what string        // the hook, for errors
-	prev *ebpf.Program // the program of ours it ran; nil: none
-	undo func() error
+// revertStep puts back one hook as an attach found it.
+type revertStep struct {
+	what    string        // the hook, for errors
+	prev    *ebpf.Program // the program of ours it ran; nil: none
+	putBack func() error
 }
 
 // CommitPins makes the pins name this datapath's maps: the replacements
@@ -39,7 +39,7 @@ func (d *Datapath) CommitPins() error {
 	d.committed = true
 	d.replacements.Close()
 	d.replacements = nil
-	d.forgetUndo()
+	d.forgetRevertSteps()
 	unpinRetiredMaps(mapsDir(d.opts.PinRoot), d.log)
 	return nil
 }
@@ -56,12 +56,12 @@ func (d *Datapath) Revert() error {
 		return nil
 	}
 	var errs []error
-	for i := len(d.undo) - 1; i >= 0; i-- {
-		if err := d.undo[i].undo(); err != nil {
-			errs = append(errs, fmt.Errorf("put back %s: %w", d.undo[i].what, err))
+	for i := len(d.revertSteps) - 1; i >= 0; i-- {
+		if err := d.revertSteps[i].putBack(); err != nil {
+			errs = append(errs, fmt.Errorf("put back %s: %w", d.revertSteps[i].what, err))
 		}
 	}
-	d.forgetUndo()
+	d.forgetRevertSteps()
 	if err := d.Maps.Config.Put(uint32(0), d.earlierConfig); err != nil {
 		errs = append(errs, fmt.Errorf("put back the datapath config: %w", err))
 	}
@@ -70,27 +70,27 @@ func (d *Datapath) Revert() error {
 
 // onRevert records how to put a hook back, unless the pins are
 // committed; prev, the program the hook ran, is closed with the record.
-func (d *Datapath) onRevert(what string, prev *ebpf.Program, undo func() error) {
+func (d *Datapath) onRevert(what string, prev *ebpf.Program, putBack func() error) {
 	if d.committed {
 		if prev != nil {
 			prev.Close()
 		}
 		return
 	}
-	d.undo = append(d.undo, undoStep{what: what, prev: prev, undo: undo})
+	d.revertSteps = append(d.revertSteps, revertStep{what: what, prev: prev, putBack: putBack})
 }
 
 // recording reports whether attaches record what they change.
 func (d *Datapath) recording() bool { return !d.committed }
 
-// forgetUndo drops the records, closing the programs they held.
-func (d *Datapath) forgetUndo() {
-	for _, s := range d.undo {
+// forgetRevertSteps drops the records, closing the programs they held.
+func (d *Datapath) forgetRevertSteps() {
+	for _, s := range d.revertSteps {
 		if s.prev != nil {
 			s.prev.Close()
 		}
 	}
-	d.undo = nil
+	d.revertSteps = nil
 }
 
 // linkProgram opens the program a link runs.

@@ -116,7 +116,7 @@ type Datapath struct {
 	// overwrote.
 	replacements  *mapReplacements
 	committed     bool
-	undo          []undoStep
+	revertSteps   []revertStep
 	earlierConfig xdp.NicDatapathConfig
 }
 
@@ -283,7 +283,7 @@ func loadCollectionSharing(spec, nicSpec *ebpf.CollectionSpec, coll *ebpf.Collec
 // the maps they named before Load, and the replacement maps are freed.
 func (d *Datapath) Close() error {
 	var errs []error
-	d.forgetUndo()
+	d.forgetRevertSteps()
 	if d.replacements != nil {
 		d.replacements.Close()
 		d.replacements = nil

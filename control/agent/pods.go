@@ -97,11 +97,22 @@ func (a *Agent) attachPresentPods() {
 		a.log.Warn("list interfaces", "error", err)
 		return
 	}
+	a.attachListedPods(links, a.attachedPods)
+}
+
+// attachListedPods attaches the pod interfaces among links that are not
+// attached as they are now (by ifindex), and returns the names of all
+// the links.
+func (a *Agent) attachListedPods(links []netlink.Link, attached map[string]int) map[string]bool {
+	present := make(map[string]bool, len(links))
 	for _, l := range links {
-		if name := l.Attrs().Name; a.isPodInterface(name) && !isBridge(l) {
-			a.attachPod(name, l.Attrs().Index, a.attachedPods)
+		name := l.Attrs().Name
+		present[name] = true
+		if a.isPodInterface(name) && !isBridge(l) && attached[name] != l.Attrs().Index {
+			a.attachPod(name, l.Attrs().Index, attached)
 		}
 	}
+	return present
 }
 
 // watchPodsOnce subscribes to link events, brings the attached set up to
@@ -124,20 +135,14 @@ func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool
 		a.log.Warn("cannot watch interfaces; retrying, and attaching what is there meanwhile", "error", err)
 	}
 
-	links, err := netlink.LinkList()
-	if err != nil {
-		a.log.Warn("list interfaces", "error", err)
+	links, listErr := netlink.LinkList()
+	if listErr != nil {
+		a.log.Warn("list interfaces", "error", listErr)
 	}
-	present := map[string]bool{}
-	for _, l := range links {
-		name := l.Attrs().Name
-		present[name] = true
-		if a.isPodInterface(name) && !isBridge(l) && attached[name] != l.Attrs().Index {
-			a.attachPod(name, l.Attrs().Index, attached)
-		}
-	}
-	// Pins of interfaces that went away while nobody watched.
-	if pinned, err := loader.PodInterfaces(a.cfg.Datapath.PinRoot); err == nil {
+	present := a.attachListedPods(links, attached)
+	// Pins of interfaces that went away while nobody watched (not when
+	// the list failed: every pod interface would seem gone).
+	if pinned, err := loader.PodInterfaces(a.cfg.Datapath.PinRoot); err == nil && listErr == nil {
 		for _, name := range pinned {
 			if !present[name] || !a.isPodInterface(name) {
 				a.forgetPod(name, attached)
