@@ -24,6 +24,17 @@ import (
 	"github.com/xdplb/xdplb/xdp"
 )
 
+// loadEarlier loads a datapath with opts, commits its pins and closes it:
+// the state an earlier agent leaves for the load under test.
+func loadEarlier(t *testing.T, opts loader.Options) {
+	t.Helper()
+	dp, err := loadertest.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+}
+
 func smallOptions(root string) loader.Options {
 	opts := loadertest.SmallOptions(root)
 	opts.AffinityMax, opts.BackendsMax = 1024, 256
@@ -92,11 +103,7 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 func TestLoadUnpinsRetiredMaps(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts := smallOptions(root)
-	dp, err := loadertest.Load(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp.Close()
+	loadEarlier(t, opts)
 	retired, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +114,7 @@ func TestLoadUnpinsRetiredMaps(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dp, err = loadertest.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,11 +148,7 @@ func TestLoadStartsTheRouteCacheAfresh(t *testing.T) {
 		return id
 	}
 	for range 2 {
-		dp, err := loadertest.Load(opts, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dp.Close()
+		loadEarlier(t, opts)
 	}
 	first := pinnedID()
 	dp, err := loadertest.Load(opts, nil)

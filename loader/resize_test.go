@@ -285,11 +285,7 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := testenv.BPFFS(t)
 			opts := smallOptions(root)
-			dp, err := loadertest.Load(opts, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dp.Close()
+			loadEarlier(t, opts)
 			pinned := loadertest.PinnedMapIDs(t, root)
 
 			failing := loader.WithPinRenames(doubled(opts), func(from, to string) error {
@@ -298,7 +294,7 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 				}
 				return os.Rename(from, to)
 			})
-			dp, err = loadertest.Load(failing, nil)
+			dp, err := loadertest.Load(failing, nil)
 			if err == nil {
 				dp.Close()
 				t.Fatal("loaded with a pin that could not be moved")
@@ -330,11 +326,7 @@ func TestFailedSwapRestoresThePins(t *testing.T) {
 func TestLoadRemovesAnInterruptedSwapsLeftovers(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts := smallOptions(root)
-	dp, err := loadertest.Load(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp.Close()
+	loadEarlier(t, opts)
 	staging := filepath.Join(loader.Dir(root), "maps-replacing")
 	if err := os.Mkdir(staging, 0o700); err != nil {
 		t.Fatal(err)
@@ -347,7 +339,7 @@ func TestLoadRemovesAnInterruptedSwapsLeftovers(t *testing.T) {
 	if err := leftover.Pin(filepath.Join(staging, "old-conntrack")); err != nil {
 		t.Fatal(err)
 	}
-	dp, err = loadertest.Load(opts, nil)
+	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
