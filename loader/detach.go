@@ -55,6 +55,18 @@ func Detach(pinRoot string) error {
 	return errors.Join(errs...)
 }
 
+// CheckPinned fails when nothing of xdplb's is pinned under pinRoot.
+func CheckPinned(pinRoot string) error {
+	if _, err := os.Stat(Dir(pinRoot)); errors.Is(err, os.ErrNotExist) {
+		return nothingPinned(pinRoot)
+	}
+	return nil
+}
+
+func nothingPinned(pinRoot string) error {
+	return fmt.Errorf("no xdplb datapath pinned under %s (is the agent running with this --bpffs-root?)", pinRoot)
+}
+
 // OpenPinned opens the pinned maps for reading and writing without loading
 // any program: for introspection, while an agent runs or after it stopped.
 func OpenPinned(pinRoot string) (*Maps, error) {
@@ -68,7 +80,7 @@ func OpenPinned(pinRoot string) (*Maps, error) {
 		if err != nil {
 			m.Close()
 			if errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("no xdplb datapath pinned under %s (is the agent running with this --bpffs-root?)", pinRoot)
+				return nil, nothingPinned(pinRoot)
 			}
 			return nil, explainBPFError("open "+path, err)
 		}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/xdplb/xdplb/control/agent"
 	"github.com/xdplb/xdplb/control/maglev"
@@ -28,6 +29,24 @@ import (
 func bpffsFlag() cli.Flag {
 	return &cli.StringFlag{Name: "bpffs-root", Value: loader.DefaultPinRoot, EnvVars: env("bpffs-root"),
 		Usage: "bpffs directory holding xdplb's pins (mounted if it is not bpffs yet)"}
+}
+
+func hostProcSysFlag() cli.Flag {
+	return &cli.StringFlag{Name: "host-proc-sys", Value: "/proc/sys", EnvVars: env("host-proc-sys"),
+		Usage: "where the node's /proc/sys is (its net/ directory at least): the SNAT port range is reserved in net/ipv4/ip_local_reserved_ports there; a container sees /proc/sys read-only, so deploy/daemonset.yaml mounts the node's /proc/sys/net under /host/proc/sys"}
+}
+
+// hostProcSys validates --host-proc-sys (agent and detach).
+func hostProcSys(c *cli.Context) (agent.ProcSys, error) {
+	dir := c.String("host-proc-sys")
+	if !filepath.IsAbs(dir) {
+		return "", flagError("host-proc-sys", dir, "not an absolute path")
+	}
+	p := agent.ProcSys(filepath.Clean(dir))
+	if err := p.Check(); err != nil {
+		return "", flagError("host-proc-sys", dir, err.Error())
+	}
+	return p, nil
 }
 
 func agentFlags() []cli.Flag {
@@ -73,6 +92,7 @@ func agentFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"), DefaultText: "the addresses of --iface",
 			Usage: "node addresses that get NodePorts: those within these CIDRs, or the node's primary address"},
 		bpffsFlag(),
+		hostProcSysFlag(),
 		&cli.StringFlag{Name: "metrics-bind-address", Value: "127.0.0.1:10249", EnvVars: env("metrics-bind-address"),
 			Usage: "address of /metrics (empty: off)"},
 		&cli.StringFlag{Name: "healthz-bind-address", Value: "0.0.0.0:10256", EnvVars: env("healthz-bind-address"),
@@ -285,7 +305,9 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		{"tcp-established-timeout", &opts.TCPEstablishedTimeout, time.Second, 7 * 24 * time.Hour},
 		{"tcp-transient-timeout", &opts.TCPTransientTimeout, time.Second, 7 * 24 * time.Hour},
 		{"udp-timeout", &opts.UDPTimeout, time.Second, 7 * 24 * time.Hour},
-		{"min-sync-period", nil, 0, time.Minute},
+		// Below half the health timeout: a change that arrives during a
+		// sync waits for the next, up to this long after it.
+		{"min-sync-period", nil, 0, cfg.HealthTimeout / 2},
 		{"sync-period", nil, time.Second, 24 * time.Hour},
 	} {
 		d := c.Duration(f.name)
@@ -295,6 +317,9 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		if f.dst != nil {
 			*f.dst = d
 		}
+	}
+	if cfg.MinSyncPeriod > cfg.SyncPeriod {
+		return cfg, flagError("min-sync-period", cfg.MinSyncPeriod, fmt.Sprintf("above --sync-period %s", cfg.SyncPeriod))
 	}
 
 	snatLo, snatHi, err := parsePortRange(c.String("snat-port-range"))
@@ -306,6 +331,12 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	}
 	if int(snatHi)-int(snatLo) < 1023 {
 		return cfg, flagError("snat-port-range", c.String("snat-port-range"), fmt.Sprintf("%d ports, at least 1024 are needed", int(snatHi)-int(snatLo)+1))
+	}
+	if cfg.ProcSys, err = hostProcSys(c); err != nil {
+		return cfg, err
+	}
+	if err := cfg.ProcSys.CheckSNATRange(snatLo, snatHi); err != nil {
+		return cfg, flagError("snat-port-range", c.String("snat-port-range"), err.Error())
 	}
 	opts.SNATPortMin, opts.SNATPortMax = snatLo, snatHi
 	npLo, npHi, err := parsePortRange(c.String("nodeport-range"))
@@ -421,6 +452,9 @@ func checkSourceFlags(cfg agent.Config) error {
 		} else if st.IsDir() {
 			return flagError("kubeconfig", cfg.Kubeconfig, "is a directory")
 		}
+		if _, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig); err != nil {
+			return flagError("kubeconfig", cfg.Kubeconfig, fmt.Sprintf("not a usable kubeconfig: %v", err))
+		}
 	}
 	return nil
 }
@@ -461,8 +495,7 @@ func checkBindAddress(s string) error {
 // same port: the same port (compared as numbers) on the same address, or
 // with either address unspecified (empty, 0.0.0.0 or ::: all addresses;
 // a wildcard listener of Go's takes both families). localhost stands for
-// both loopback addresses, IPv4-mapped IPv6 addresses for their IPv4
-// ones. Port 0 picks a free port and never conflicts.
+// 127.0.0.1, IPv4-mapped IPv6 addresses for their IPv4 ones. Port 0 picks a free port and never conflicts.
 func bindConflict(a, b string) bool {
 	if a == "" || b == "" {
 		return false
@@ -493,7 +526,9 @@ func bindHosts(host string) []netip.Addr {
 		return nil
 	}
 	if host == "localhost" {
-		return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}
+		// Go listens on the first address a name resolves to, IPv4
+		// first: 127.0.0.1.
+		return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1})}
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil {

@@ -9,7 +9,7 @@ func TestBindConflict(t *testing.T) {
 	}{
 		{"127.0.0.1:10256", "127.0.0.1:10256", true},
 		{"localhost:10256", "127.0.0.1:10256", true},
-		{"localhost:10256", "[::1]:10256", true},
+		{"localhost:10256", "[::1]:10256", false}, // Go listens on 127.0.0.1 only
 		{"localhost:10256", "localhost:10256", true},
 		{"[::ffff:127.0.0.1]:10256", "127.0.0.1:10256", true},
 		{"127.0.0.1:010256", "127.0.0.1:10256", true},

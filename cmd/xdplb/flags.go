@@ -52,7 +52,7 @@ var allowed = map[string]string{
 	"iface":                   "names of existing network interfaces, at least one (repeat the flag or separate with commas)",
 	"xdp-mode":                xdpModes(),
 	"services-file":           "a YAML file (it may appear later) in an existing directory; not with --kubeconfig",
-	"kubeconfig":              "an existing kubeconfig file; not with --services-file",
+	"kubeconfig":              "an existing, valid kubeconfig file; not with --services-file",
 	"node-name":               "a Kubernetes node name (a lower-case DNS subdomain)",
 	"maglev-table-size":       maglevSizes(),
 	"maglev-hash-seed":        "0 to 18446744073709551615",
@@ -64,17 +64,18 @@ var allowed = map[string]string{
 	"tcp-established-timeout": "1s to 168h " + goDuration,
 	"tcp-transient-timeout":   "1s to 168h " + goDuration,
 	"udp-timeout":             "1s to 168h " + goDuration,
-	"snat-port-range":         "LOW-HIGH within 1024-65535, at least 1024 ports, disjoint from --nodeport-range",
+	"snat-port-range":         "LOW-HIGH within 1024-65535, at least 1024 ports, disjoint from --nodeport-range, leaving at least 1024 ports of net.ipv4.ip_local_port_range to the host",
 	"nodeport-range":          "LOW-HIGH within 1-65535, disjoint from --snat-port-range",
 	"icmp-rate":               "0 (no limit) to 1000000000",
 	"nodeport-addresses":      `IPv4 CIDRs, or "primary" alone (repeat the flag or separate with commas)`,
 	"bpffs-root":              "an absolute path: a bpffs mount, or a directory to mount one on",
-	"metrics-bind-address":    "IP:PORT, localhost:PORT or :PORT, not a port --healthz-bind-address takes on the same address (localhost: both loopback addresses; :PORT, 0.0.0.0 or [::]: all); empty turns it off",
-	"healthz-bind-address":    "IP:PORT, localhost:PORT or :PORT, not a port --metrics-bind-address takes on the same address (localhost: both loopback addresses; :PORT, 0.0.0.0 or [::]: all); empty turns it off",
+	"host-proc-sys":           "an absolute path to a /proc/sys (holding net/ipv4/ip_local_port_range and ip_local_reserved_ports)",
+	"metrics-bind-address":    "IP:PORT, localhost:PORT or :PORT, not a port --healthz-bind-address takes on the same address (localhost: 127.0.0.1; :PORT, 0.0.0.0 or [::]: all); empty turns it off",
+	"healthz-bind-address":    "IP:PORT, localhost:PORT or :PORT, not a port --metrics-bind-address takes on the same address (localhost: 127.0.0.1; :PORT, 0.0.0.0 or [::]: all); empty turns it off",
 	"service-proxy-name":      "a label value: up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit; or empty",
 	"pod-interfaces":          "comma-separated interface name patterns (*, ?, [...])",
 	"cgroup-root":             "auto, off, or an absolute path to a directory (not a file) of the cgroup v2 hierarchy",
-	"min-sync-period":         "0 to 1m " + goDuration,
+	"min-sync-period":         "0 to 30s, at most --sync-period " + goDuration,
 	"sync-period":             "1s to 24h " + goDuration,
 	"log-level":               "debug, info, warn, error",
 	"log-format":              "text, json",
@@ -139,6 +140,10 @@ func onUsageError(c *cli.Context, err error, _ bool) error {
 		return flagError(m[3], m[1], fmt.Sprintf("(from $%s) %s", m[2], parseProblem(flags, m[3], m[4])))
 	}
 	if m := reUndefined.FindStringSubmatch(msg); m != nil {
+		if cmd == "xdplb" {
+			// Every message starts with "xdplb: " already.
+			return usageError("unknown flag --%s (see %s)", m[1], help)
+		}
 		return usageError("%s: unknown flag --%s (see %s)", cmd, m[1], help)
 	}
 	if m := reNoValue.FindStringSubmatch(msg); m != nil {

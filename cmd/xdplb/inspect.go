@@ -82,7 +82,7 @@ func detachCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "detach",
 		Usage: "detach the datapath from every interface and remove its pins (flows are forgotten)",
-		Flags: []cli.Flag{bpffsFlag(),
+		Flags: []cli.Flag{bpffsFlag(), hostProcSysFlag(),
 			&cli.BoolFlag{Name: "force", Usage: "detach even while an agent runs on these pins (it would serve nothing and still report healthy)"}},
 		Action: func(c *cli.Context) error {
 			root, err := pinRoot(c)
@@ -91,6 +91,18 @@ func detachCommand() *cli.Command {
 			}
 			if err := noArgs(c); err != nil {
 				return err
+			}
+			procSys, err := hostProcSys(c)
+			if err != nil {
+				return err
+			}
+			// Nothing pinned, nothing to detach (cleanup scripts may
+			// run it twice). Nothing is touched: the TC filters of the
+			// clsact fallback carry the same names under every pin root,
+			// and those of an agent on another root must stay.
+			if loader.CheckPinned(root) != nil {
+				fmt.Fprintf(c.App.Writer, "nothing pinned under %s: nothing to detach\n", root)
+				return nil
 			}
 			// The lock the agent holds while it runs, from before it
 			// loads anything (also while it waits for its first sync),
@@ -117,7 +129,7 @@ func detachCommand() *cli.Command {
 			// Before the pins go: the record of which ports the agent
 			// reserved is one of them. A failure to release them does
 			// not stop the detach; it is reported at the end.
-			released, releaseErr := agent.ReleaseSNATPorts(root)
+			released, releaseErr := agent.ReleaseSNATPorts(root, procSys)
 			if err := loader.Detach(root); err != nil {
 				return errors.Join(err, releaseErr)
 			}

@@ -219,6 +219,7 @@ type flagCase struct {
 // variables. TestEveryAgentFlagHasInvalidCases keeps it complete.
 func agentCases(dir string) []flagCase {
 	file := filepath.Join(dir, "plain-file")
+	badKubeconfig := filepath.Join(dir, "bad-kubeconfig")
 	return []flagCase{
 		{name: "iface missing", unset: []string{"iface"}, flag: "iface", want: "--iface is required"},
 		{name: "iface unknown", set: map[string]string{"iface": "nope0"}, flag: "iface", want: "no such network interface"},
@@ -236,6 +237,8 @@ func agentCases(dir string) []flagCase {
 		{name: "kubeconfig missing", unset: []string{"services-file"}, set: map[string]string{"kubeconfig": "/nonexistent-xdplb/kubeconfig"},
 			flag: "kubeconfig", want: "no such file"},
 		{name: "kubeconfig is a directory", unset: []string{"services-file"}, set: map[string]string{"kubeconfig": dir}, flag: "kubeconfig", want: "is a directory"},
+		{name: "kubeconfig not a kubeconfig", unset: []string{"services-file"}, set: map[string]string{"kubeconfig": badKubeconfig},
+			flag: "kubeconfig", want: "not a usable kubeconfig"},
 		{name: "node-name invalid", set: map[string]string{"node-name": "Edge_1"}, flag: "node-name"},
 		{name: "maglev-table-size not prime", set: map[string]string{"maglev-table-size": "1000"}, flag: "maglev-table-size", want: "not a supported table size"},
 		{name: "maglev-table-size too small", set: map[string]string{"maglev-table-size": "7"}, flag: "maglev-table-size"},
@@ -273,6 +276,9 @@ func agentCases(dir string) []flagCase {
 		{name: "snat-port-range too small", set: map[string]string{"snat-port-range": "40000-40100"}, flag: "snat-port-range", want: "at least 1024"},
 		{name: "snat-port-range reversed", set: map[string]string{"snat-port-range": "60000-50000"}, flag: "snat-port-range", want: "low end above high end"},
 		{name: "snat-port-range beyond 65535", set: map[string]string{"snat-port-range": "60000-70000"}, flag: "snat-port-range"},
+		// The test namespace's ip_local_port_range is the kernel's 32768 60999.
+		{name: "snat-port-range takes the host's ephemeral ports", set: map[string]string{"snat-port-range": "32768-60999"},
+			flag: "snat-port-range", want: "would leave the host 0 of its ephemeral ports"},
 		{name: "snat-port-range overlaps nodeport-range", set: map[string]string{"snat-port-range": "30000-40000"}, flag: "snat-port-range", want: "overlaps --nodeport-range"},
 		{name: "nodeport-range not a range", set: map[string]string{"nodeport-range": "30000"}, flag: "nodeport-range"},
 		{name: "nodeport-range zero", set: map[string]string{"nodeport-range": "0-100"}, flag: "nodeport-range"},
@@ -283,6 +289,8 @@ func agentCases(dir string) []flagCase {
 		{name: "bpffs-root relative", set: map[string]string{"bpffs-root": "relative/pins"}, flag: "bpffs-root", want: "not an absolute path"},
 		{name: "bpffs-root empty", set: map[string]string{"bpffs-root": ""}, flag: "bpffs-root"},
 		{name: "bpffs-root is a file", set: map[string]string{"bpffs-root": file}, flag: "bpffs-root", want: "not a directory"},
+		{name: "host-proc-sys relative", set: map[string]string{"host-proc-sys": "proc/sys"}, flag: "host-proc-sys", want: "not an absolute path"},
+		{name: "host-proc-sys not a proc sys", set: map[string]string{"host-proc-sys": dir}, flag: "host-proc-sys", want: "not a /proc/sys"},
 		{name: "metrics-bind-address not host:port", set: map[string]string{"metrics-bind-address": "metrics"}, flag: "metrics-bind-address"},
 		{name: "metrics-bind-address bad port", set: map[string]string{"metrics-bind-address": "127.0.0.1:99999"}, flag: "metrics-bind-address"},
 		{name: "metrics-bind-address host name", set: map[string]string{"metrics-bind-address": "metrics.example:80"}, flag: "metrics-bind-address"},
@@ -308,6 +316,9 @@ func agentCases(dir string) []flagCase {
 		{name: "cgroup-root a file of cgroup2", set: map[string]string{"cgroup-root": cgroupFile()}, flag: "cgroup-root", want: "not a directory"},
 		{name: "min-sync-period too long", set: map[string]string{"min-sync-period": "2m"}, flag: "min-sync-period"},
 		{name: "min-sync-period negative", set: map[string]string{"min-sync-period": "-1s"}, flag: "min-sync-period"},
+		{name: "min-sync-period half the health timeout", set: map[string]string{"min-sync-period": "31s"}, flag: "min-sync-period", want: "out of range"},
+		{name: "min-sync-period above sync-period", set: map[string]string{"min-sync-period": "20s", "sync-period": "10s"},
+			flag: "min-sync-period", want: "above --sync-period 10s"},
 		{name: "sync-period too short", set: map[string]string{"sync-period": "500ms"}, flag: "sync-period"},
 		{name: "sync-period too long", set: map[string]string{"sync-period": "25h"}, flag: "sync-period"},
 		{name: "log-level unknown", set: map[string]string{"log-level": "loud"}, flag: "log-level"},
@@ -375,8 +386,8 @@ func checkUsageError(t *testing.T, r result, flag, allowedOf, want string) {
 		return
 	}
 	msg := strings.TrimSuffix(r.stderr, "\n")
-	if strings.Contains(msg, "\n") || !strings.HasPrefix(msg, "xdplb: ") {
-		t.Errorf("want one line starting with \"xdplb: \", got:\n%s", r.stderr)
+	if strings.Contains(msg, "\n") || !strings.HasPrefix(msg, "xdplb: ") || strings.HasPrefix(msg, "xdplb: xdplb:") {
+		t.Errorf("want one line starting with \"xdplb: \" once, got:\n%s", r.stderr)
 	}
 	if flag != "-" && !strings.Contains(msg, "--"+flag) {
 		t.Errorf("message does not name --%s: %s", flag, msg)
@@ -408,6 +419,9 @@ func TestAgentFlagValidation(t *testing.T) {
 	dir := t.TempDir()
 	servicesFile := filepath.Join(dir, "services.yaml")
 	if err := os.WriteFile(filepath.Join(dir, "plain-file"), []byte("not a directory\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bad-kubeconfig"), []byte("this: is: not: a kubeconfig\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range agentCases(dir) {
@@ -635,6 +649,7 @@ func TestCommandUsageErrors(t *testing.T) {
 		{"version output", []string{"version", "-o", "yaml"}, "output", "", ""},
 		{"unknown command", []string{"stats"}, "-", "-", `unknown command "stats"; commands: agent, detach, status`},
 		{"unknown global flag", []string{"--verbose", "status"}, "verbose", "-", "unknown flag --verbose (see xdplb --help)"},
+		{"detach host-proc-sys", []string{"detach", "--host-proc-sys", root}, "host-proc-sys", "", "not a /proc/sys"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -135,7 +135,7 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListener(healthzLn)
 		closeListener(metricsLn)
 	}
-	if err := checkSNATRange(cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax); err != nil {
+	if err := cfg.ProcSys.CheckSNATRange(cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax); err != nil {
 		closeListeners()
 		return nil, err
 	}
@@ -167,7 +167,7 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 			// back: they stay the host's.
 			undo.released = portSet{}
 		}
-		if err := undoSNATReservation(cfg.Datapath.PinRoot, undo); err != nil {
+		if err := undoSNATReservation(cfg.Datapath.PinRoot, cfg.ProcSys, undo); err != nil {
 			log.Warn("undo the SNAT port reservation", "error", err)
 		}
 		closeListeners()
@@ -175,7 +175,7 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	// After the load, which mounts the pin root: the reservation is
 	// recorded there. Before the attach: no flow takes a SNAT port first.
-	if reserved, err = reserveSNATPorts(cfg.Datapath.PinRoot, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+	if reserved, err = reserveSNATPorts(cfg.Datapath.PinRoot, cfg.ProcSys, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
 		return revert(err)
 	}
 	a, err := assemble(cfg, log, src, dp)

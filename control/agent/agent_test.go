@@ -91,10 +91,10 @@ func TestSNATRangeIsReservedFromEphemeralPorts(t *testing.T) {
 			var err error
 			if derr := ns.Do(func() error {
 				// A pin root of its own: no record of an earlier case.
-				if err = checkSNATRange(c.lo, c.hi); err == nil {
-					_, err = reserveSNATPorts(filepath.Join(bpffs, fmt.Sprint(i)), c.lo, c.hi, discard())
+				if err = ProcSys("").CheckSNATRange(c.lo, c.hi); err == nil {
+					_, err = reserveSNATPorts(filepath.Join(bpffs, fmt.Sprint(i)), "", c.lo, c.hi, discard())
 				}
-				b, rerr := os.ReadFile(localReservedPort)
+				b, rerr := os.ReadFile(ProcSys("").localReservedPorts())
 				got = strings.TrimSpace(string(b))
 				return rerr
 			}); derr != nil {

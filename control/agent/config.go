@@ -48,6 +48,10 @@ type Config struct {
 	// none was found, which the agent reports).
 	CgroupAuto bool
 
+	// ProcSys is where the node's /proc/sys is reached, to reserve the
+	// SNAT port range from the host's ephemeral ports.
+	ProcSys ProcSys
+
 	// MinSyncPeriod coalesces bursts of changes: syncs start at most this
 	// often. SyncPeriod is the interval of a full resync without changes.
 	MinSyncPeriod time.Duration

@@ -15,10 +15,35 @@ import (
 	"github.com/xdplb/xdplb/loader"
 )
 
-const (
-	localPortRange    = "/proc/sys/net/ipv4/ip_local_port_range"
-	localReservedPort = "/proc/sys/net/ipv4/ip_local_reserved_ports"
-)
+// ProcSys is the directory the node's /proc/sys is reached at; the zero
+// value is the process's own /proc/sys. A container sees /proc/sys
+// read-only, so deploy/daemonset.yaml mounts the node's /proc/sys/net at
+// /host/proc/sys/net and points the agent there (--host-proc-sys). Only
+// net/ipv4 is used. Its files apply to the network namespace of the
+// process that opens them, whichever path they are opened by: the agent
+// runs in the node's (hostNetwork).
+type ProcSys string
+
+func (p ProcSys) file(name string) string {
+	dir := string(p)
+	if dir == "" {
+		dir = "/proc/sys"
+	}
+	return filepath.Join(dir, "net", "ipv4", name)
+}
+
+func (p ProcSys) localPortRange() string     { return p.file("ip_local_port_range") }
+func (p ProcSys) localReservedPorts() string { return p.file("ip_local_reserved_ports") }
+
+// Check reports whether p holds the files the agent uses.
+func (p ProcSys) Check() error {
+	for _, f := range []string{p.localPortRange(), p.localReservedPorts()} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("no %s: not a /proc/sys", f)
+		}
+	}
+	return nil
+}
 
 // minEphemeralPorts is how many ports of ip_local_port_range the SNAT
 // range must leave to the host's own outgoing connections.
@@ -131,29 +156,30 @@ func parsePortList(text string) (portSet, error) {
 }
 
 // ephemeralRange reads ip_local_port_range.
-func ephemeralRange() (lo, hi int, err error) {
-	raw, err := os.ReadFile(localPortRange)
+func (p ProcSys) ephemeralRange() (lo, hi int, err error) {
+	path := p.localPortRange()
+	raw, err := os.ReadFile(path)
 	if err != nil {
-		return 0, 0, fmt.Errorf("read %s: %w", localPortRange, err)
+		return 0, 0, fmt.Errorf("read %s: %w", path, err)
 	}
 	f := strings.Fields(string(raw))
 	if len(f) != 2 {
-		return 0, 0, fmt.Errorf("unexpected %s: %q", localPortRange, raw)
+		return 0, 0, fmt.Errorf("unexpected %s: %q", path, raw)
 	}
 	lo, err1 := strconv.Atoi(f[0])
 	hi, err2 := strconv.Atoi(f[1])
 	if err1 != nil || err2 != nil {
-		return 0, 0, fmt.Errorf("unexpected %s: %q", localPortRange, raw)
+		return 0, 0, fmt.Errorf("unexpected %s: %q", path, raw)
 	}
 	return lo, hi, nil
 }
 
-// checkSNATRange refuses a SNAT range that would leave the host fewer than
+// CheckSNATRange refuses a SNAT range that would leave the host fewer than
 // minEphemeralPorts of ip_local_port_range: reserving it would make the
 // host's connect() fail. It changes nothing, so it runs before anything
-// is loaded.
-func checkSNATRange(lo, hi uint16) error {
-	eLo, eHi, err := ephemeralRange()
+// is loaded (the CLI checks its flags with it).
+func (p ProcSys) CheckSNATRange(lo, hi uint16) error {
+	eLo, eHi, err := p.ephemeralRange()
 	if err != nil {
 		return err
 	}
@@ -183,10 +209,10 @@ type snatReservation struct {
 // earlier start added for another range are removed. Which ports the
 // agent added (those not reserved already) is recorded under pinRoot, so
 // that a later start or ReleaseSNATPorts removes those and nothing that
-// was reserved by someone else. checkSNATRange has accepted the range.
+// was reserved by someone else. CheckSNATRange has accepted the range.
 // It returns what it changed there.
-func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (snatReservation, error) {
-	eLo, eHi, err := ephemeralRange()
+func reserveSNATPorts(pinRoot string, procSys ProcSys, lo, hi uint16, log *slog.Logger) (snatReservation, error) {
+	eLo, eHi, err := procSys.ephemeralRange()
 	if err != nil {
 		return snatReservation{}, err
 	}
@@ -198,7 +224,7 @@ func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (snatRese
 	if err != nil {
 		return snatReservation{}, err
 	}
-	cur, err := readReservedPorts()
+	cur, err := procSys.readReservedPorts()
 	if err != nil {
 		return snatReservation{}, err
 	}
@@ -218,10 +244,12 @@ func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (snatRese
 			return snatReservation{}, err
 		}
 	}
-	if err := writeReservedPorts(next); err != nil {
-		// A container usually sees /proc/sys read-only: the node must
-		// reserve the range itself (the README's node requirements).
-		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports: "+
+	if err := procSys.writeReservedPorts(next); err != nil {
+		// A container sees its /proc/sys read-only: --host-proc-sys
+		// names where the node's is mounted, or the node must reserve
+		// the range itself (the README's node requirements).
+		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports "+
+			"(is --host-proc-sys the node's /proc/sys, mounted writable?): "+
 			"host connections may collide with translated flows",
 			"ports", fmt.Sprintf("%d-%d", lo, hi), "error", err)
 		return snatReservation{}, storeReservedRecord(pinRoot, mine.and(cur))
@@ -245,7 +273,7 @@ func reserveSNATPorts(pinRoot string, lo, hi uint16, log *slog.Logger) (snatRese
 // added leave ip_local_reserved_ports and the record, as far as the record
 // still holds them (no one else's reservation is touched), and those it
 // released are reserved and recorded again.
-func undoSNATReservation(pinRoot string, r snatReservation) error {
+func undoSNATReservation(pinRoot string, procSys ProcSys, r snatReservation) error {
 	if r.added.count() == 0 && r.released.count() == 0 {
 		return nil
 	}
@@ -253,7 +281,7 @@ func undoSNATReservation(pinRoot string, r snatReservation) error {
 	if err != nil {
 		return err
 	}
-	cur, err := readReservedPorts()
+	cur, err := procSys.readReservedPorts()
 	if err != nil {
 		return err
 	}
@@ -267,7 +295,7 @@ func undoSNATReservation(pinRoot string, r snatReservation) error {
 	if next == cur {
 		return nil
 	}
-	return writeReservedPorts(next)
+	return procSys.writeReservedPorts(next)
 }
 
 // ReleaseSNATPorts removes from ip_local_reserved_ports the ports the
@@ -275,18 +303,18 @@ func undoSNATReservation(pinRoot string, r snatReservation) error {
 // reservation, clears the record and returns the ports it removed, in the
 // kernel's format ("" for none). Nothing recorded (no agent ran, or the
 // pins are gone) is not an error.
-func ReleaseSNATPorts(pinRoot string) (string, error) {
+func ReleaseSNATPorts(pinRoot string, procSys ProcSys) (string, error) {
 	mine, err := loadReservedRecord(pinRoot)
 	if err != nil || mine.count() == 0 {
 		return "", err
 	}
-	cur, err := readReservedPorts()
+	cur, err := procSys.readReservedPorts()
 	if err != nil {
 		return "", err
 	}
 	released := mine.and(cur)
 	if released.count() > 0 {
-		if err := writeReservedPorts(cur.minus(mine)); err != nil {
+		if err := procSys.writeReservedPorts(cur.minus(mine)); err != nil {
 			return "", fmt.Errorf("release the SNAT ports %s the agent reserved (remove them from "+
 				"net.ipv4.ip_local_reserved_ports by hand): %w", released.String(), err)
 		}
@@ -294,23 +322,25 @@ func ReleaseSNATPorts(pinRoot string) (string, error) {
 	return released.String(), storeReservedRecord(pinRoot, portSet{})
 }
 
-func readReservedPorts() (portSet, error) {
-	raw, err := os.ReadFile(localReservedPort)
+func (p ProcSys) readReservedPorts() (portSet, error) {
+	path := p.localReservedPorts()
+	raw, err := os.ReadFile(path)
 	if err != nil {
-		return portSet{}, fmt.Errorf("read %s: %w", localReservedPort, err)
+		return portSet{}, fmt.Errorf("read %s: %w", path, err)
 	}
 	s, err := parsePortList(string(raw))
 	if err != nil {
-		return s, fmt.Errorf("read %s: %w", localReservedPort, err)
+		return s, fmt.Errorf("read %s: %w", path, err)
 	}
 	return s, nil
 }
 
-func writeReservedPorts(s portSet) error {
+func (p ProcSys) writeReservedPorts(s portSet) error {
 	// A newline, not an empty write, clears the list: the kernel does
 	// not see a write of nothing.
-	if err := os.WriteFile(localReservedPort, []byte(s.String()+"\n"), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", localReservedPort, err)
+	path := p.localReservedPorts()
+	if err := os.WriteFile(path, []byte(s.String()+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }

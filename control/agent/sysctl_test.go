@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
@@ -61,7 +65,7 @@ func TestSNATPortReservations(t *testing.T) {
 				ns.Sysctl("net.ipv4.ip_local_reserved_ports", tc.before)
 			}
 			reserved := func() string {
-				raw, err := os.ReadFile(localReservedPort)
+				raw, err := os.ReadFile(ProcSys("").localReservedPorts())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -69,24 +73,24 @@ func TestSNATPortReservations(t *testing.T) {
 			}
 			err := ns.Do(func() error {
 				for i, s := range tc.starts {
-					if err := checkSNATRange(s.lo, s.hi); err != nil {
+					if err := ProcSys("").CheckSNATRange(s.lo, s.hi); err != nil {
 						t.Fatalf("start %d (%d-%d): %v", i, s.lo, s.hi, err)
 					}
-					if _, err := reserveSNATPorts(root, s.lo, s.hi, log); err != nil {
+					if _, err := reserveSNATPorts(root, "", s.lo, s.hi, log); err != nil {
 						t.Fatalf("start %d (%d-%d): %v", i, s.lo, s.hi, err)
 					}
 					if got := reserved(); got != s.want {
 						t.Errorf("after start %d (%d-%d): reserved %q, want %q", i, s.lo, s.hi, got, s.want)
 					}
 				}
-				if _, err := ReleaseSNATPorts(root); err != nil {
+				if _, err := ReleaseSNATPorts(root, ""); err != nil {
 					t.Fatalf("release: %v", err)
 				}
 				if got := reserved(); got != tc.released {
 					t.Errorf("after release: reserved %q, want %q", got, tc.released)
 				}
 				// Released twice (a second detach): nothing more goes.
-				if ports, err := ReleaseSNATPorts(root); err != nil || ports != "" {
+				if ports, err := ReleaseSNATPorts(root, ""); err != nil || ports != "" {
 					t.Fatalf("second release: released %q, %v; want nothing", ports, err)
 				}
 				if got := reserved(); got != tc.released {
@@ -141,7 +145,7 @@ func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 					a.Close()
 					return errors.New("Start succeeded")
 				}
-				raw, err := os.ReadFile(localReservedPort)
+				raw, err := os.ReadFile(ProcSys("").localReservedPorts())
 				reserved = strings.TrimSpace(string(raw))
 				return err
 			})
@@ -174,5 +178,84 @@ func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 				t.Errorf("record of reserved ports %q, want %q", got, c.wantReserved)
 			}
 		})
+	}
+}
+
+// In a container /proc/sys is read-only; deploy/daemonset.yaml mounts the
+// node's /proc/sys/net elsewhere and names it with --host-proc-sys. The
+// test builds that view in a mount namespace of its own: through the
+// read-only /proc/sys the reservation fails (the agent warns and goes on),
+// through the other mount it lands in the network namespace's
+// ip_local_reserved_ports, and the release goes the same way.
+func TestSNATPortsReservedThroughHostProcSys(t *testing.T) {
+	ns := testenv.NewNetns(t, "rsvhost")
+	root := testenv.BPFFS(t)
+	host := t.TempDir()
+	var viaReadOnly, viaHost, released, releasedPorts string
+	err := ns.Do(func() error {
+		// Never unlocked: the thread ends with its mount namespace.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("unshare the mount namespace: %w", err)
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make mounts private: %w", err)
+		}
+		if err := os.MkdirAll(filepath.Join(host, "net"), 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount("/proc/sys/net", filepath.Join(host, "net"), "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind the node's /proc/sys/net: %w", err)
+		}
+		if err := unix.Mount("/proc/sys", "/proc/sys", "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+		if err := unix.Mount("", "/proc/sys", "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("make /proc/sys read-only: %w", err)
+		}
+		read := func() string {
+			raw, err := os.ReadFile(ProcSys("").localReservedPorts())
+			if err != nil {
+				t.Error(err)
+			}
+			return strings.TrimSpace(string(raw))
+		}
+		log := slog.New(slog.DiscardHandler)
+		if err := ProcSys(host).Check(); err != nil {
+			return err
+		}
+		if _, err := reserveSNATPorts(root, "", 40000, 60999, log); err != nil {
+			return fmt.Errorf("through the read-only /proc/sys: %w", err)
+		}
+		viaReadOnly = read()
+		if _, err := reserveSNATPorts(root, ProcSys(host), 40000, 60999, log); err != nil {
+			return fmt.Errorf("through %s: %w", host, err)
+		}
+		viaHost = read()
+		var err error
+		releasedPorts, err = ReleaseSNATPorts(root, ProcSys(host))
+		released = read()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if viaReadOnly != "" {
+		t.Errorf("through the read-only /proc/sys: reserved %q, want nothing", viaReadOnly)
+	}
+	if viaHost != "40000-60999" {
+		t.Errorf("through --host-proc-sys: reserved %q, want 40000-60999", viaHost)
+	}
+	if released != "" || releasedPorts != "40000-60999" {
+		t.Errorf("after the release: reserved %q (released %q), want nothing (40000-60999)", released, releasedPorts)
+	}
+}
+
+func TestProcSysCheck(t *testing.T) {
+	if err := ProcSys("").Check(); err != nil {
+		t.Errorf("the process's own /proc/sys: %v", err)
+	}
+	if err := ProcSys(t.TempDir()).Check(); err == nil || !strings.Contains(err.Error(), "not a /proc/sys") {
+		t.Errorf("an empty directory: %v, want not a /proc/sys", err)
 	}
 }

@@ -311,6 +311,11 @@ func TestDaemonSet(t *testing.T) {
 
 	checkHostMount(t, spec, c, "/sys/fs/bpf", "/sys/fs/bpf", corev1.HostPathDirectoryOrCreate, false)
 	checkHostMount(t, spec, c, "/sys", "/sys", "", true)
+	// Writable: the SNAT port range is reserved through it.
+	checkHostMount(t, spec, c, "/proc/sys/net", "/host/proc/sys/net", corev1.HostPathDirectory, false)
+	if got := d.config.Data["XDPLB_HOST_PROC_SYS"]; got != "/host/proc/sys" {
+		t.Errorf("XDPLB_HOST_PROC_SYS = %q, want /host/proc/sys, where the node's /proc/sys/net is mounted", got)
+	}
 	for _, m := range c.VolumeMounts {
 		if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
 			t.Errorf("mount %s: Bidirectional propagation needs a privileged container", m.MountPath)

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// A detach under a root with nothing pinned (a typo, or a second cleanup)
+// says so, succeeds and touches nothing: in particular not the clsact
+// filters of an agent on another root, which carry the same names.
+func TestDetachWithNothingPinnedTouchesNothing(t *testing.T) {
+	cleanEnv(t)
+	ns := testNetns(t)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	// What the clsact fallback of an agent on another root attaches.
+	filters := func() (int, error) {
+		dev, err := netlink.LinkByName(testIface)
+		if err != nil {
+			return 0, err
+		}
+		list, err := netlink.FilterList(dev, netlink.HANDLE_MIN_INGRESS)
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, f := range list {
+			if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == "xdplb_nic_ingress" {
+				n++
+			}
+		}
+		return n, nil
+	}
+	err = ns.Do(func() error {
+		dev, err := netlink.LinkByName(testIface)
+		if err != nil {
+			return err
+		}
+		qdisc := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: dev.Attrs().Index,
+			Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+		if err := netlink.QdiscAdd(qdisc); err != nil {
+			return err
+		}
+		return netlink.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: dev.Attrs().Index,
+			Parent: netlink.HANDLE_MIN_INGRESS, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1},
+			Fd: prog.FD(), Name: "xdplb_nic_ingress", DirectAction: true})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	root := filepath.Join(t.TempDir(), "typo")
+	r := runIn(t, ns, "detach", "--bpffs-root", root)
+	if want := "nothing pinned under " + root + ": nothing to detach\n"; r.code != exitOK || r.stdout != want || r.stderr != "" {
+		t.Errorf("detach with nothing pinned: exit %d, stdout %q, stderr %q; want 0 and %q", r.code, r.stdout, r.stderr, want)
+	}
+	var left int
+	if err := ns.Do(func() (err error) { left, err = filters(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if left != 1 {
+		t.Errorf("%d xdplb clsact filters left on %s, want the other root's 1", left, testIface)
+	}
+	if _, err := os.Stat(root); !os.IsNotExist(err) {
+		t.Errorf("%s was created (%v)", root, err)
+	}
+}
