@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -12,8 +13,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/control/reconcile"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 // One purge runs at a time; backends removed meanwhile are purged by the
@@ -203,5 +210,160 @@ func TestFlowPurgerLogsWhatItDeleted(t *testing.T) {
 				t.Errorf("log %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// Naming the port of a one-port Service, as adding a second port requires,
+// makes it another service port to the model (its key names the port),
+// with the same frontends. The agent's purge must not end its flows: a
+// SNAT flow to a backend the port keeps carries on, while the flow of a
+// backend that went in the same change is purged.
+func TestAgentKeepsFlowsOfARenamedPort(t *testing.T) {
+	opts, dp := loadSmallDatapath(t)
+	frontend := netip.MustParseAddrPort("192.0.2.1:30080")
+	kept, gone := netip.MustParseAddrPort("10.244.1.10:8080"), netip.MustParseAddrPort("10.244.1.11:8080")
+	type port struct {
+		name             string
+		port, target, np int32
+	}
+	service := func(ports []port, endpoints ...netip.AddrPort) (*corev1.Service, *discoveryv1.EndpointSlice) {
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "rename", Name: "web", ResourceVersion: fmt.Sprint(len(ports))},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.10",
+				ClusterIPs: []string{"10.96.0.10"}},
+		}
+		slice := &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "rename", Name: "web-1", ResourceVersion: fmt.Sprint(len(ports)),
+				Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+		}
+		proto, node := corev1.ProtocolTCP, "node-1" // endpoints on another node: SNAT
+		for _, p := range ports {
+			svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: p.name, Protocol: proto, Port: p.port,
+				TargetPort: intstr.FromInt32(p.target), NodePort: p.np})
+			slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: &p.name, Port: &p.target, Protocol: &proto})
+		}
+		for _, e := range endpoints {
+			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.Addr().String()},
+				NodeName: &node})
+		}
+		return svc, slice
+	}
+
+	src := newMemorySource()
+	src.put(service([]port{{"", 80, 8080, 30080}}, kept, gone))
+	a, err := assemble(smallAgentConfig(opts), discard(), src, dp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := make(chan struct{}, 16)
+	a.synced = func(map[string]bool) {
+		select {
+		case synced <- struct{}{}:
+		default:
+		}
+	}
+	done := runAgent(t, a)
+	// purged waits for the purges queued by the syncs so far.
+	purged := func() {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			a.purger.mu.Lock()
+			idle := !a.purger.running && len(a.purger.queue) == 0
+			a.purger.mu.Unlock()
+			if idle {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("a purge still running after 30 s")
+			}
+		}
+	}
+	// syncedUntil waits for syncs until cond holds.
+	syncedUntil := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.After(30 * time.Second); !cond(); {
+			select {
+			case <-synced:
+			case err := <-done:
+				t.Fatalf("agent stopped: %v", err)
+			case <-deadline:
+				t.Fatalf("no sync %s in 30 s", what)
+			}
+		}
+	}
+	clusterIPPort := func(port uint16) (dataplane.Frontend, bool) {
+		fes, err := a.plane.Frontends()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fe, ok := fes[dataplane.FrontendKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: port, Proto: dataplane.TCP}]
+		return fe, ok
+	}
+	syncedUntil("programming the Service", func() bool { _, ok := clusterIPPort(80); return ok })
+	purged() // the first sync's sweep
+	fe, _ := clusterIPPort(80)
+	bes, err := a.plane.Backends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[netip.AddrPort]uint32{}
+	for id, b := range bes {
+		ids[netip.AddrPortFrom(b.Addr, b.Port)] = id
+	}
+
+	// An established SNAT flow to each backend, its reply tuple in the
+	// slot of its SNAT port.
+	var cfg xdp.NicDatapathConfig
+	if err := dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	clients := map[netip.AddrPort]netip.AddrPort{}
+	for i, backend := range []netip.AddrPort{kept, gone} {
+		client := netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), 40000+uint16(i))
+		snat := netip.AddrPortFrom(frontend.Addr(), cfg.SnatPortMin+uint16(i))
+		key := xdp.NicCtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
+			Daddr: xdp.AddrToNet(frontend.Addr()), Dport: xdp.PortToNet(frontend.Port()), Proto: dataplane.TCP}
+		flags := uint8(xdp.NicCtFlagsCT_F_SNAT | xdp.NicCtFlagsCT_F_EXTERNAL)
+		now := uint64(dataplane.Now())
+		if err := dp.Maps.Conntrack.Put(key, xdp.NicCtEntry{CreatedNs: now, LastSeenNs: now, SvcId: fe.SvcID,
+			BackendId: ids[backend], BackendAddr: xdp.AddrToNet(backend.Addr()), BackendPort: xdp.PortToNet(backend.Port()),
+			NatAddr: xdp.AddrToNet(snat.Addr()), NatPort: xdp.PortToNet(snat.Port()), Flags: flags,
+			TcpState: uint8(xdp.NicCtTcpStateCT_TCP_SYN | xdp.NicCtTcpStateCT_TCP_ESTABLISHED)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.Maps.SNATBucketHints.Put(xdp.SNATHint(backend, snat.Addr(), dataplane.TCP), uint32(1)); err != nil {
+			t.Fatal(err)
+		}
+		slot := xdp.NicSnatSlot{
+			Key: xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
+				Daddr: xdp.AddrToNet(snat.Addr()), Dport: xdp.PortToNet(snat.Port()), Proto: dataplane.TCP},
+			Rev: xdp.NicNatEntry{LastSeenNs: now, ClientAddr: key.Saddr, ClientPort: key.Sport, FrontendAddr: key.Daddr,
+				FrontendPort: key.Dport, BackendId: ids[backend], SvcId: fe.SvcID, Flags: flags},
+			Generation: 1,
+		}
+		if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(0, snat.Port(), cfg.SnatPortMin, cfg.SnatPortMax), slot); err != nil {
+			t.Fatal(err)
+		}
+		clients[backend] = client
+	}
+
+	// A second port: the first gets a name; one backend goes meanwhile.
+	src.put(service([]port{{"http", 80, 8080, 30080}, {"metrics", 9090, 9090, 30090}}, kept))
+	syncedUntil("adding the second port", func() bool { _, ok := clusterIPPort(9090); return ok })
+	purged()
+
+	if now, _ := clusterIPPort(80); now.SvcID != fe.SvcID {
+		t.Errorf("port 80 has service id %d after the rename, want %d", now.SvcID, fe.SvcID)
+	}
+	for backend, client := range clients {
+		f, ok, err := a.plane.Flow(dataplane.FlowKey{Client: client, Frontend: frontend, Proto: dataplane.TCP})
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := ok && !f.Ended
+		if want := backend == kept; live != want {
+			t.Errorf("flow to %s: live=%v, want %v (%+v)", backend, live, want, f)
+		}
 	}
 }

@@ -76,6 +76,9 @@ func randomState(rng *rand.Rand) model.State {
 		}
 		s := web(eps...)
 		s.Name = fmt.Sprintf("svc%d", i)
+		if rng.IntN(3) == 0 {
+			s.PortName = "http" // renamed from one state to the next: another key, the same frontends
+		}
 		s.Frontends = []model.Frontend{
 			{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), Port: 80, Protocol: model.TCP, Kind: model.ClusterIP},
 			{Addr: nodeIP, Port: uint16(30000 + i), Protocol: model.TCP, Kind: model.NodePort},

@@ -369,8 +369,11 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 
 	// Compute the new records of the changed ports; ports whose source
 	// ranges or frontends do not fit get none of theirs written. Ranges
-	// are keyed by service id, so the ids are chosen first.
-	ids := r.portIDs(keys, byKey)
+	// are keyed by service id, so the ids are chosen first. A port that
+	// takes over a frontend of a port this Apply removes (a renamed port)
+	// keeps that port's id.
+	heirs := r.heirs(keys, byKey)
+	ids := r.portIDs(keys, byKey, heirs)
 	refused := r.fitRanges(keys, byKey, ids, full, nil)
 	byFrontends := r.fitFrontends(keys, byKey, ids, full, refused)
 	recount := false
@@ -389,6 +392,8 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	next := make(map[string]*portRecord, len(keys))
 	recs := make([]*portRecord, 0, len(keys))
 	var dropIDs []uint32 // ids of ports refused as empty, freed once the Apply goes ahead
+	// Ids taken over from a removed port, named once the Apply goes ahead.
+	renamed := map[uint32]string{}
 	for _, k := range keys {
 		switch svc := byKey[k]; {
 		case svc == nil:
@@ -399,13 +404,20 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 					// The port's current id: its record stays if
 					// this Apply stops below.
 					dropIDs = append(dropIDs, id)
-				} else {
+				} else if _, held := r.portOfID[id]; !held {
 					r.releaseID(id) // allocated for the port's new version
 				}
+				// (An id inherited from a port this Apply removes is
+				// that port's until write frees it.)
 			}
 			next[k] = refused[k]
 		default:
-			rec := r.record(svc, ids[k])
+			prev := r.ports[k]
+			if from, ok := heirs.from[k]; ok && r.ports[from].id == ids[k] {
+				prev = r.ports[from]
+				renamed[ids[k]] = k
+			}
+			rec := r.record(svc, ids[k], prev)
 			next[k] = rec
 			recs = append(recs, rec)
 		}
@@ -417,6 +429,13 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	}
 	for _, id := range dropIDs {
 		r.releaseID(id)
+	}
+	if len(renamed) > 0 {
+		// The ids' names become the ports that take them over.
+		for id, k := range renamed {
+			r.nameService(id, k)
+		}
+		r.flushIDs()
 	}
 
 	// Tables under ids the outer map does not hold yet go in while the
@@ -443,14 +462,21 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 	var leaving []departure
 	for k, rec := range next {
 		if old := r.ports[k]; old != nil {
+			// The port's id goes on in its new record, or in the record
+			// of the port that took it over (a renamed port): what that
+			// record keeps has not left.
+			succ := rec
+			if heir, ok := heirs.to[k]; ok && (rec == nil || rec.id != old.id) {
+				succ = next[heir]
+			}
 			for _, b := range old.backends {
 				touched = r.use(b, -1, touched)
 				ap := b.addrPort()
 				switch {
 				case old.id == 0:
-				case rec == nil || rec.id != old.id || !rec.backends.has(ap):
+				case succ == nil || succ.id != old.id || !succ.backends.has(ap):
 					leaving = append(leaving, departure{old.id, ap, false})
-				case !old.hintedOut[ap] && rec.hintedOut[ap]:
+				case !old.hintedOut[ap] && succ.hintedOut[ap]:
 					leaving = append(leaving, departure{old.id, ap, true})
 				}
 			}
@@ -764,9 +790,13 @@ func (r *Reconciler) write(ctx context.Context, touched []netip.AddrPort, next, 
 	if err := r.syncHostPorts(); err != nil {
 		return err
 	}
-	// Ids and names of ports that are gone.
+	// Ids and names of ports that are gone, unless another port took
+	// the id over (a renamed port: its name is written already).
 	for k, rec := range old {
 		if rec != nil && (next[k] == nil || next[k].id != rec.id) {
+			if _, held := r.portOfID[rec.id]; held {
+				continue
+			}
 			delete(r.usedIDs, rec.id)
 			if err := r.dp.DeleteServiceName(rec.id); err != nil {
 				return err
@@ -1607,9 +1637,14 @@ func (r *Reconciler) tablesInPlace(rec *portRecord) bool {
 }
 
 // release returns ids allocated for records that will not be applied.
+// An id another port holds (inherited from a port the Apply would have
+// removed) stays that port's.
 func (r *Reconciler) release(next map[string]*portRecord) {
 	for k, rec := range next {
-		if rec != nil && (r.ports[k] == nil || r.ports[k].id != rec.id) {
+		if rec == nil || r.ports[k] != nil && r.ports[k].id == rec.id {
+			continue
+		}
+		if _, held := r.portOfID[rec.id]; !held {
 			delete(r.usedIDs, rec.id)
 		}
 	}
@@ -1617,10 +1652,12 @@ func (r *Reconciler) release(next map[string]*portRecord) {
 
 // record computes what one service port puts into the maps under its
 // service id (0: none was free, see portIDs), allocating backend ids as
-// needed. The Maglev tables are planned
+// needed. prev is the record applied before under that id, if any (the
+// port's own, or that of the port it took the id over from): its tables
+// are kept where their inputs are the same. The Maglev tables are planned
 // afterwards, for all ports at once (planTables), and finish completes
 // the record.
-func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
+func (r *Reconciler) record(svc *model.Service, id uint32, prev *portRecord) *portRecord {
 	key := svc.Key()
 	rec := &portRecord{
 		frontends: map[dataplane.FrontendKey]dataplane.Frontend{},
@@ -1671,8 +1708,8 @@ func (r *Reconciler) record(svc *model.Service, id uint32) *portRecord {
 		}
 		in := r.tableInput(eps)
 		in.id = tableID(id, set)
-		if old := r.ports[key]; old != nil && old.id == id {
-			in.prev = old.tables[in.id]
+		if prev != nil && prev.id == id {
+			in.prev = prev.tables[in.id]
 		}
 		p.sets[set] = in
 		p.order = append(p.order, set)
@@ -1761,15 +1798,77 @@ func (r *Reconciler) finish(rec *portRecord) {
 }
 
 // portIDs chooses the service id of each port in keys that byKey does not
-// remove, in the order of keys (0 when no id is free).
-func (r *Reconciler) portIDs(keys []string, byKey map[string]*model.Service) map[string]uint32 {
+// remove, in the order of keys (0 when no id is free); heirs take the ids
+// of the ports they take over.
+func (r *Reconciler) portIDs(keys []string, byKey map[string]*model.Service, heirs heirs) map[string]uint32 {
 	ids := make(map[string]uint32, len(keys))
 	for _, k := range keys {
 		if svc := byKey[k]; svc != nil {
+			if from, ok := heirs.from[k]; ok {
+				ids[k] = r.ports[from].id // in use already, named once the Apply goes ahead
+				continue
+			}
 			ids[k], _ = r.serviceID(k, svc)
 		}
 	}
 	return ids
+}
+
+// heirs pairs the ports an Apply removes with the ports it adds that take
+// them over (see Reconciler.heirs), both ways.
+type heirs struct {
+	from map[string]string // new port -> the removed port whose id it takes
+	to   map[string]string // removed port -> the new port that takes its id
+}
+
+// heirs finds the ports new in this Apply (without a record, or one
+// without an id) that take over a frontend (address, port, protocol) of a
+// port the Apply removes: such a port keeps the removed port's service
+// id. A port key names the port (ns/web/TCP becomes ns/web:http/TCP once
+// the Service has a second port), so a renamed port is removed and added;
+// with the id, its frontends, tables, source ranges, counters, ClientIP
+// affinity entries and tracked flows (all keyed by service id) carry on,
+// and only backends that truly leave it are reported departed. Each
+// removed port's id goes to one port, the first in the order of keys
+// (sorted) that takes over one of its frontends; a new port whose
+// frontends no removed port had gets an id of its own.
+func (r *Reconciler) heirs(keys []string, byKey map[string]*model.Service) heirs {
+	var h heirs
+	var gone map[dataplane.FrontendKey]string
+	for _, k := range keys {
+		if old := r.ports[k]; byKey[k] == nil && old != nil && old.id != 0 {
+			for fk := range old.frontends {
+				if gone == nil {
+					gone = map[dataplane.FrontendKey]string{}
+				}
+				gone[fk] = k
+			}
+		}
+	}
+	if gone == nil {
+		return h // the common case: no port with an id goes
+	}
+	for _, k := range keys {
+		svc := byKey[k]
+		if svc == nil {
+			continue
+		}
+		if old := r.ports[k]; old != nil && old.id != 0 {
+			continue // keeps its own id
+		}
+		for _, f := range svc.Frontends {
+			from, ok := gone[frontendKey(f)]
+			if !ok || h.to[from] != "" {
+				continue
+			}
+			if h.from == nil {
+				h.from, h.to = map[string]string{}, map[string]string{}
+			}
+			h.from[k], h.to[from] = from, k
+			break
+		}
+	}
+	return h
 }
 
 // releaseID frees a service id allocated in this Apply for a port that
