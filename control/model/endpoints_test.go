@@ -160,6 +160,13 @@ func TestEndpoints(t *testing.T) {
 			},
 		},
 		{
+			name: "leading zeros in an endpoint address are read as decimal",
+			svc:  newService("web"),
+			slices: []*discoveryv1.EndpointSlice{newSlice("web", "web-1", httpPort,
+				ep("010.000.001.01", "node-b", "RS"), ep("10.0.1.09", "node-b", "RS"))},
+			want: map[string][]string{"default/web:http/TCP": {"10.0.1.1:8080 RS", "10.0.1.9:8080 RS"}},
+		},
+		{
 			// A hostNetwork pod here: local even when the slice names no node.
 			name: "an endpoint at an address of this node is the host, and local",
 			svc:  newService("web"),

@@ -145,6 +145,26 @@ func TestFrontends(t *testing.T) {
 			problems: []string{"spec.clusterIPs[0]"},
 		},
 		{
+			// Stored before the API server's validation became strict;
+			// kube-proxy reads them with ParseIPSloppy.
+			name: "IPv4 addresses with leading zeros are read as decimal",
+			svc: newService("web", withType(corev1.ServiceTypeLoadBalancer), lbPorts,
+				withClusterIPs("010.096.000.010"), withIngress("203.000.113.007"), withExternalIPs("198.051.100.08")),
+			want: []string{
+				"10.96.0.10:80/TCP (ClusterIP)",
+				"192.168.0.10:30080/TCP (NodePort)",
+				"192.168.1.10:30080/TCP (NodePort)",
+				"203.0.113.7:80/TCP (LoadBalancer)",
+				"198.51.100.8:80/TCP (ExternalIP)",
+			},
+		},
+		{
+			name:     "leading zeros do not make an address valid, or IPv4-mapped IPv6 IPv4",
+			svc:      newService("web", withExternalIPs("0256.1.2.3", "::ffff:198.51.100.1", "198.51.100.2")),
+			want:     []string{"10.96.0.10:80/TCP (ClusterIP)", "198.51.100.2:80/TCP (ExternalIP)"},
+			problems: []string{"spec.externalIPs[0]", "spec.externalIPs[1]"},
+		},
+		{
 			name: "an external IP equal to the LoadBalancer IP is one frontend",
 			svc: newService("web", withType(corev1.ServiceTypeLoadBalancer),
 				withIngress("203.0.113.7"), withExternalIPs("203.0.113.7")),
@@ -167,6 +187,39 @@ func TestFrontends(t *testing.T) {
 				t.Errorf("got %d problems, want %d: %v", len(probs), len(tc.problems), probs)
 			}
 		})
+	}
+}
+
+// Addresses are read as kube-proxy reads them (netutils.ParseIPSloppy):
+// leading zeros are allowed and decimal, never octal.
+func TestParseIPv4(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    string // "" when skipped
+		problem string // what the message says then
+	}{
+		{"10.1.2.3", "10.1.2.3", ""},
+		{"010.1.2.3", "10.1.2.3", ""},
+		{"0010.001.02.3", "10.1.2.3", ""},
+		{"08.09.010.011", "8.9.10.11", ""}, // decimal: 08 is no octal digit, 010 is ten
+		{"000.000.000.000", "0.0.0.0", ""},
+		{"0256.1.2.3", "", "invalid"},
+		{"0x0a.1.2.3", "", "invalid"},
+		{"10.1.2", "", "invalid"},
+		{" 10.1.2.3", "", "invalid"},
+		{"", "", "invalid"},
+		{"fd00::1", "", "IPv6"},
+		{"::ffff:10.1.2.3", "", "IPv6"},
+		{"::ffff:010.1.2.3", "", "IPv6"},
+	}
+	for _, tc := range tests {
+		a, msg := parseIPv4(tc.in)
+		switch {
+		case tc.want != "" && (msg != "" || a != netip.MustParseAddr(tc.want)):
+			t.Errorf("parseIPv4(%q) = %v, %q; want %s", tc.in, a, msg, tc.want)
+		case tc.want == "" && (a.IsValid() || !strings.Contains(msg, tc.problem)):
+			t.Errorf("parseIPv4(%q) = %v, %q; want it skipped as %s", tc.in, a, msg, tc.problem)
+		}
 	}
 }
 

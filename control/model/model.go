@@ -19,6 +19,10 @@
 //     LoadBalancer, and nodePort only for types NodePort and LoadBalancer.
 //   - loadBalancerSourceRanges that all turn out unusable (invalid, or IPv6)
 //     admit no client at all rather than every client.
+//   - IPv4 addresses and CIDRs may have leading zeros, read as decimal
+//     ("010.1.2.3" is 10.1.2.3), as kube-proxy reads them (ParseIPSloppy,
+//     ParseCIDRSloppy): objects stored before the API server's validation
+//     became strict may hold them.
 //   - A frontend (address, port, protocol) claimed by two services goes to
 //     the first by kind (ClusterIP, NodePort, LoadBalancer, ExternalIP), then
 //     the older Service, then the smaller key; the other claim is dropped
@@ -38,6 +42,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	netutils "k8s.io/utils/net"
 )
 
 // DefaultAffinityTimeout is the ClientIP affinity timeout of a Service that
@@ -144,15 +149,22 @@ func indexed(name string, i int) string {
 
 // parseIPv4 parses an address that must be IPv4. On failure it returns a
 // message for a Problem.
+//
+// As kube-proxy does (netutils.ParseIPSloppy), an IPv4 address may have
+// leading zeros, read as decimal: "010.1.2.3" is 10.1.2.3. The API server
+// accepted such addresses before its validation became strict, and objects
+// stored then still hold them. An address written as IPv6 stays IPv6, an
+// IPv4-mapped one ("::ffff:10.1.2.3") included.
 func parseIPv4(s string) (netip.Addr, string) {
-	a, err := netip.ParseAddr(s)
-	if err != nil {
+	ip := netutils.ParseIPSloppy(s)
+	if ip == nil {
 		return netip.Addr{}, fmt.Sprintf("invalid IP address %q; skipped", s)
 	}
-	if !a.Is4() {
+	ip4 := ip.To4()
+	if ip4 == nil || strings.Contains(s, ":") {
 		return netip.Addr{}, fmt.Sprintf("IPv6 address %s skipped: the datapath handles IPv4 only", s)
 	}
-	return a, ""
+	return netip.AddrFrom4([4]byte(ip4)), ""
 }
 
 // parseIPv4List parses addresses, reporting those it skips under
@@ -385,7 +397,9 @@ func (c *computer) affinityTimeout(svc *corev1.Service) time.Duration {
 }
 
 // sourceRanges parses loadBalancerSourceRanges, tolerating the surrounding
-// spaces that API validation lets through. It returns whether any were
+// spaces that API validation lets through, and, as kube-proxy does
+// (netutils.ParseCIDRSloppy), leading zeros in an IPv4 address, read as
+// decimal ("010.0.0.0/8" is 10.0.0.0/8). It returns whether any were
 // given, and the usable IPv4 ones, masked, sorted and unique.
 func (c *computer) sourceRanges(svc *corev1.Service) (bool, []netip.Prefix) {
 	in := svc.Spec.LoadBalancerSourceRanges
@@ -396,15 +410,20 @@ func (c *computer) sourceRanges(svc *corev1.Service) (bool, []netip.Prefix) {
 	var out []netip.Prefix
 	for i, s := range in {
 		field := fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i)
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		switch {
-		case err != nil:
+		_, ipnet, err := netutils.ParseCIDRSloppy(strings.TrimSpace(s))
+		if err != nil {
 			c.report("Service", obj, field, "invalid CIDR %q; skipped", s)
-		case !p.Addr().Is4():
-			c.report("Service", obj, field, "IPv6 range %s skipped: the datapath handles IPv4 only", p)
-		default:
-			out = append(out, p.Masked())
+			continue
 		}
+		// An IPv4 CIDR has a 32-bit mask; one written as IPv6 (an
+		// IPv4-mapped prefix included) has a 128-bit one.
+		ones, bits := ipnet.Mask.Size()
+		ip4 := ipnet.IP.To4()
+		if bits != 32 || ip4 == nil {
+			c.report("Service", obj, field, "IPv6 range %s skipped: the datapath handles IPv4 only", ipnet)
+			continue
+		}
+		out = append(out, netip.PrefixFrom(netip.AddrFrom4([4]byte(ip4)), ones).Masked())
 	}
 	if len(out) == 0 {
 		c.report("Service", obj, "spec.loadBalancerSourceRanges", "no usable IPv4 range: LoadBalancer frontends admit no client")

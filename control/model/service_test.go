@@ -157,6 +157,25 @@ func TestSourceRanges(t *testing.T) {
 			denied:   []string{"10.1.2.3"},
 		},
 		{
+			// kube-proxy reads them with ParseCIDRSloppy; dropped, a list
+			// of such ranges would admit no client at all.
+			name:    "leading zeros are read as decimal",
+			ranges:  []string{"010.0.0.0/8", "192.000.002.007/24"},
+			set:     true,
+			want:    []string{"10.0.0.0/8", "192.0.2.0/24"},
+			allowed: []string{"10.1.2.3", "192.0.2.200"},
+			denied:  []string{"198.51.100.1", "8.1.2.3"},
+		},
+		{
+			name:     "an IPv4-mapped IPv6 range is IPv6",
+			ranges:   []string{"::ffff:10.0.0.0/104", "192.0.2.0/24"},
+			set:      true,
+			want:     []string{"192.0.2.0/24"},
+			problems: []string{"spec.loadBalancerSourceRanges[0]"},
+			allowed:  []string{"192.0.2.1"},
+			denied:   []string{"10.1.2.3"},
+		},
+		{
 			name:     "nothing usable admits nobody",
 			ranges:   []string{"fd00::/8"},
 			set:      true,
