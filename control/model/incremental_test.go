@@ -2,10 +2,12 @@ package model
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"sort"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -185,4 +187,174 @@ func TestIncrementalDuplicateDoesNotHideDeletion(t *testing.T) {
 	if !found {
 		t.Errorf("the duplicate of ns/a is not reported: %v", problems)
 	}
+}
+
+// Adding a second port to a one-port Service forces a name on the first
+// (the API requires names once there are two): the key of that service
+// port names it, so it is reported as a port gone and a port new, with the
+// same frontends. The reconciler hands the gone port's service id to the
+// new one (see control/reconcile).
+func TestIncrementalNamingTheOnlyPort(t *testing.T) {
+	node := NodeInfo{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}
+	before := incService("web", "1", "10.96.0.10", 30080)
+	before.Spec.Ports[0].Name = ""
+	after := incService("web", "2", "10.96.0.10", 30080)
+	after.Spec.Ports = append(after.Spec.Ports, corev1.ServicePort{Name: "metrics", Protocol: corev1.ProtocolTCP,
+		Port: 9090, TargetPort: intstr.FromInt32(9090), NodePort: 30090})
+	inc := NewIncremental()
+	inc.Update(Input{Services: []*corev1.Service{before}, Node: node})
+	old := inc.Port("ns/web/TCP")
+	if old == nil {
+		t.Fatal("no port ns/web/TCP")
+	}
+	_, _, changed := inc.Update(Input{Services: []*corev1.Service{after}, Node: node})
+	want := map[string]bool{"ns/web/TCP": true, "ns/web:http/TCP": true, "ns/web:metrics/TCP": true}
+	if !reflect.DeepEqual(changed, want) {
+		t.Errorf("changed %v, want %v", changed, want)
+	}
+	if p := inc.Port("ns/web/TCP"); p != nil {
+		t.Errorf("the unnamed port is still there: %+v", p)
+	}
+	named := inc.Port("ns/web:http/TCP")
+	if named == nil || !reflect.DeepEqual(named.Frontends, old.Frontends) {
+		t.Errorf("the named port %+v, want the unnamed one's frontends %v", named, old.Frontends)
+	}
+}
+
+// TestIncrementalMatchesComputeOnRandomChanges drives Incremental through
+// random sequences of changes (Services of every type coming, going and
+// changing, their port named or not, slices moving between Services,
+// the node's name and zone) and checks, after each, that it gives what
+// Compute gives and that every service port that differs from the step
+// before, or is gone, is among those reported changed.
+func TestIncrementalMatchesComputeOnRandomChanges(t *testing.T) {
+	for seed := uint64(0); seed < 1000; seed++ {
+		r := rand.New(rand.NewPCG(seed, 0))
+		inc := NewIncremental()
+		svcs := map[string]*corev1.Service{}
+		sls := map[string]*discoveryv1.EndpointSlice{}
+		rv := 0
+		nextRV := func() string {
+			rv++
+			if r.IntN(10) == 0 {
+				return ""
+			}
+			return fmt.Sprint(rv)
+		}
+		node := NodeInfo{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}
+		names := []string{"a", "b", "c"}
+		mkSvc := func(name string) *corev1.Service {
+			typ := []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer}[r.IntN(3)]
+			ip := fmt.Sprintf("10.96.0.%d", 1+r.IntN(3))
+			s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, ResourceVersion: nextRV(),
+				UID: types.UID(fmt.Sprint("u", r.IntN(2))), CreationTimestamp: metav1.NewTime(time.Unix(int64(r.IntN(3)), 0))},
+				Spec: corev1.ServiceSpec{Type: typ, ClusterIP: ip, ClusterIPs: []string{ip}}}
+			np := int32(0)
+			if typ != corev1.ServiceTypeClusterIP {
+				np = int32(30000 + r.IntN(2))
+			}
+			pn := []string{"", "http"}[r.IntN(2)]
+			s.Spec.Ports = []corev1.ServicePort{{Name: pn, Port: int32(80 + r.IntN(2)), Protocol: corev1.ProtocolTCP, NodePort: np}}
+			if r.IntN(3) == 0 {
+				s.Spec.ExternalIPs = []string{fmt.Sprintf("10.96.0.%d", 1+r.IntN(3))}
+			}
+			if r.IntN(3) == 0 {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}
+			if typ == corev1.ServiceTypeLoadBalancer {
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("10.96.0.%d", 1+r.IntN(3))}}
+			}
+			return s
+		}
+		mkSlice := func(name string) *discoveryv1.EndpointSlice {
+			pn := []string{"", "http"}[r.IntN(2)]
+			port := int32(8080)
+			s := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, ResourceVersion: nextRV(),
+				Labels: map[string]string{discoveryv1.LabelServiceName: names[r.IntN(3)]}},
+				AddressType: discoveryv1.AddressTypeIPv4,
+				Ports:       []discoveryv1.EndpointPort{{Name: &pn, Port: &port}}}
+			if r.IntN(5) == 0 {
+				s.Labels = nil
+			}
+			for i := 0; i < r.IntN(3); i++ {
+				ready := r.IntN(2) == 0
+				nn := []string{"n1", "n2"}[r.IntN(2)]
+				s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.244.0.%d", 1+r.IntN(3))},
+					NodeName: &nn, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+			}
+			return s
+		}
+		prevState := map[string]Service{}
+		for step := 0; step < 30; step++ {
+			switch r.IntN(6) {
+			case 0:
+				n := names[r.IntN(3)]
+				svcs[n] = mkSvc(n)
+			case 1:
+				delete(svcs, names[r.IntN(3)])
+			case 2, 3:
+				n := fmt.Sprint("s", r.IntN(4))
+				sls[n] = mkSlice(n)
+			case 4:
+				delete(sls, fmt.Sprint("s", r.IntN(4)))
+			case 5:
+				if r.IntN(2) == 0 {
+					node.Name = []string{"n1", "n2"}[r.IntN(2)]
+				} else {
+					node.Zone = []string{"", "z"}[r.IntN(2)]
+				}
+			}
+			var in Input
+			in.Node = node
+			for _, n := range names {
+				if s := svcs[n]; s != nil {
+					in.Services = append(in.Services, s)
+				}
+			}
+			r.Shuffle(len(in.Services), func(i, j int) { in.Services[i], in.Services[j] = in.Services[j], in.Services[i] })
+			for i := 0; i < 4; i++ {
+				if s := sls[fmt.Sprint("s", i)]; s != nil {
+					in.Slices = append(in.Slices, s)
+				}
+			}
+			r.Shuffle(len(in.Slices), func(i, j int) { in.Slices[i], in.Slices[j] = in.Slices[j], in.Slices[i] })
+			want, _ := Compute(in)
+			got, _, changed := inc.Update(in)
+			cur := map[string]Service{}
+			for _, sv := range got.Services {
+				cur[sv.Key()] = sv
+			}
+			for k, sv := range cur {
+				if p, ok := prevState[k]; (!ok || !reflect.DeepEqual(p, deepCopyService(sv))) && !changed[k] {
+					t.Fatalf("seed %d step %d: %s differs but not in changed\n prev %+v\n cur  %+v", seed, step, k, prevState[k], sv)
+				}
+			}
+			for k := range prevState {
+				if _, ok := cur[k]; !ok && !changed[k] {
+					t.Fatalf("seed %d step %d: %s gone but not in changed", seed, step, k)
+				}
+			}
+			prevState = map[string]Service{}
+			for k, sv := range cur {
+				prevState[k] = deepCopyService(sv)
+			}
+			if len(got.Services) == 0 && len(want.Services) == 0 {
+				continue
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d step %d: differ\n got %+v\nwant %+v", seed, step, got, want)
+			}
+		}
+	}
+}
+
+// deepCopyService copies s with the slices it shares with the state it
+// came from.
+func deepCopyService(s Service) Service {
+	s.Frontends = append([]Frontend(nil), s.Frontends...)
+	s.Endpoints = append([]Endpoint(nil), s.Endpoints...)
+	s.ClusterSet = append([]Endpoint(nil), s.ClusterSet...)
+	s.LocalSet = append([]Endpoint(nil), s.LocalSet...)
+	s.SourceRanges = append([]netip.Prefix(nil), s.SourceRanges...)
+	return s
 }
