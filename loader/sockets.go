@@ -15,7 +15,9 @@ import (
 // DefaultCgroupRoot is where the cgroup v2 hierarchy is mounted.
 const DefaultCgroupRoot = "/sys/fs/cgroup"
 
-// The socket programs and the hooks they attach to.
+// The socket programs and the hooks they attach to. The inet6 ones serve
+// dual-stack sockets that reach IPv4 services through v4-mapped addresses;
+// such a socket's unconnected datagrams run sendmsg4 (see sock.c).
 var socketHooks = []struct {
 	prog   string
 	attach ebpf.AttachType
@@ -25,6 +27,9 @@ var socketHooks = []struct {
 	{"xdplb_sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, "cgroup-sendmsg4"},
 	{"xdplb_recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, "cgroup-recvmsg4"},
 	{"xdplb_getpeername4", ebpf.AttachCgroupInet4GetPeername, "cgroup-getpeername4"},
+	{"xdplb_connect6", ebpf.AttachCGroupInet6Connect, "cgroup-connect6"},
+	{"xdplb_recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, "cgroup-recvmsg6"},
+	{"xdplb_getpeername6", ebpf.AttachCgroupInet6GetPeername, "cgroup-getpeername6"},
 }
 
 // AttachHostSockets attaches the socket programs to a cgroup v2 directory
@@ -32,7 +37,7 @@ var socketHooks = []struct {
 // act only on sockets of the network namespace the datapath was loaded in.
 // Links an earlier agent pinned on the same cgroup are updated in place;
 // if any is on another cgroup (--cgroup-root changed), all are detached
-// and attached afresh. Either all four hooks end up attached or, if one
+// and attached afresh. Either every hook ends up attached or, if one
 // fails, none that this call attached stays: a node whose connects are
 // translated and whose datagrams are not would be worse than neither.
 // Before CommitPins, what it changes is recorded for Revert, which puts an

@@ -53,6 +53,7 @@ const (
 type fixture struct {
 	t    testing.TB
 	ns   *testenv.Netns
+	peer *testenv.Netns
 	dp   *loader.Datapath
 	maps *dataplane.Dataplane
 	prog *ebpf.Program
@@ -121,7 +122,7 @@ func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32, fopts ...f
 	}
 	t.Cleanup(func() { dp.Close() })
 
-	f := &fixture{t: t, ns: ns, dp: dp, maps: dataplane.New(&dp.Maps), prog: dp.XDPProgram()}
+	f := &fixture{t: t, ns: ns, peer: peer, dp: dp, maps: dataplane.New(&dp.Maps), prog: dp.XDPProgram()}
 	// Claims trust the SNAT spill marks, as under an agent past its first
 	// check; TestUnmarkedSpillKeepsItsPort covers the datapath before it.
 	if trusted, _, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted {

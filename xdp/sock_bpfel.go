@@ -40,8 +40,11 @@ const (
 	SockMapSvcStats           = "svc_stats"
 	SockMapTxPorts            = "tx_ports"
 	SockProgXdplbConnect4     = "xdplb_connect4"
+	SockProgXdplbConnect6     = "xdplb_connect6"
 	SockProgXdplbGetpeername4 = "xdplb_getpeername4"
+	SockProgXdplbGetpeername6 = "xdplb_getpeername6"
 	SockProgXdplbRecvmsg4     = "xdplb_recvmsg4"
+	SockProgXdplbRecvmsg6     = "xdplb_recvmsg6"
 	SockProgXdplbSendmsg4     = "xdplb_sendmsg4"
 	SockVarDatapathFlagsBtf   = "datapath_flags_btf"
 )
@@ -89,8 +92,11 @@ type SockSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockProgramSpecs struct {
 	XdplbConnect4     *ebpf.ProgramSpec `ebpf:"xdplb_connect4"`
+	XdplbConnect6     *ebpf.ProgramSpec `ebpf:"xdplb_connect6"`
 	XdplbGetpeername4 *ebpf.ProgramSpec `ebpf:"xdplb_getpeername4"`
+	XdplbGetpeername6 *ebpf.ProgramSpec `ebpf:"xdplb_getpeername6"`
 	XdplbRecvmsg4     *ebpf.ProgramSpec `ebpf:"xdplb_recvmsg4"`
+	XdplbRecvmsg6     *ebpf.ProgramSpec `ebpf:"xdplb_recvmsg6"`
 	XdplbSendmsg4     *ebpf.ProgramSpec `ebpf:"xdplb_sendmsg4"`
 }
 
@@ -215,16 +221,22 @@ type SockVariables struct {
 // It can be passed to LoadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockPrograms struct {
 	XdplbConnect4     *ebpf.Program `ebpf:"xdplb_connect4"`
+	XdplbConnect6     *ebpf.Program `ebpf:"xdplb_connect6"`
 	XdplbGetpeername4 *ebpf.Program `ebpf:"xdplb_getpeername4"`
+	XdplbGetpeername6 *ebpf.Program `ebpf:"xdplb_getpeername6"`
 	XdplbRecvmsg4     *ebpf.Program `ebpf:"xdplb_recvmsg4"`
+	XdplbRecvmsg6     *ebpf.Program `ebpf:"xdplb_recvmsg6"`
 	XdplbSendmsg4     *ebpf.Program `ebpf:"xdplb_sendmsg4"`
 }
 
 func (p *SockPrograms) Close() error {
 	return _SockClose(
 		p.XdplbConnect4,
+		p.XdplbConnect6,
 		p.XdplbGetpeername4,
+		p.XdplbGetpeername6,
 		p.XdplbRecvmsg4,
+		p.XdplbRecvmsg6,
 		p.XdplbSendmsg4,
 	)
 }

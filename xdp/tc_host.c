@@ -181,13 +181,8 @@ int xdplb_host_reply(struct __sk_buff *skb)
 		if (ret != TC_ACT_UNSPEC)
 			return ret;
 	}
-	if (pkt.frag_off & IP_MF) {
-		/* A first fragment left alone: its later fragments are too,
-		 * whatever an earlier datagram of the same id left here. */
-		struct frag_key key;
-
-		frag_key_of(&pkt, &key);
-		bpf_map_delete_elem(&fragments, &key);
-	}
+	/* A first fragment left alone: its later fragments are too,
+	 * whatever an earlier datagram of the same id left here. */
+	frag_forget_first(&pkt);
 	return TC_ACT_UNSPEC;
 }

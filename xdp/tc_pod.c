@@ -40,6 +40,7 @@ int xdplb_pod(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
+	frag_forget_first(&pkt);
 	if (pkt.proto == IPPROTO_ICMP)
 		return tc_icmp_error(skb, &pkt);
 	if (pkt.proto != IPPROTO_TCP && pkt.proto != IPPROTO_UDP)

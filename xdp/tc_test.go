@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/tests/packet"
 	"github.com/xdplb/xdplb/xdp"
@@ -275,19 +277,7 @@ func TestNICTranslatesOptionsAndFragments(t *testing.T) {
 	}
 
 	// A datagram in two fragments: both go to the same backend.
-	first := udpFrame(clientAddr, 6002, nodeAddr, 30053, "")
-	first.ID, first.MoreFrags = 4242, true
-	first.Payload = make([]byte, 24)
-	// The UDP length and checksum cover the whole datagram: build it
-	// whole, then cut it.
-	whole := udpFrame(clientAddr, 6002, nodeAddr, 30053, string(make([]byte, 40)))
-	whole.ID = 4242
-	wholeBytes := whole.Bytes()
-	firstBytes := append([]byte(nil), wholeBytes[:14+20+8+24]...)
-	setFragment(firstBytes, true, 0)
-	second := append(append([]byte(nil), wholeBytes[:14+20]...), wholeBytes[14+20+8+24:]...)
-	setFragment(second, false, 4) // offset 32 bytes = 4 units
-
+	firstBytes, second := udpFragments(clientAddr, 6002, nodeAddr, 30053, 4242)
 	verdict, raw1 := f.runTC(f.dp.TCProgram(), firstBytes, f.nic0)
 	if verdict != tcActRedirect {
 		t.Fatalf("first fragment: verdict %d", int32(verdict))
@@ -305,6 +295,67 @@ func TestNICTranslatesOptionsAndFragments(t *testing.T) {
 	if packet.Checksum(raw[14:34]) != 0 {
 		t.Error("second fragment's IP checksum is wrong")
 	}
+}
+
+// A first fragment the program leaves to the stack forgets what an
+// earlier datagram with the same source, destination, IP id and protocol
+// left in the fragments map, so the later fragments go to the stack with
+// their first instead of being translated like the earlier datagram's.
+// IP ids come round, and the later datagram may well be to a port no
+// frontend uses (the node's own DNS, say): translated halves of it would
+// reach a backend that never saw its first fragment, and the datagram
+// would be lost.
+func TestLaterFragmentsFollowTheirOwnFirstFragment(t *testing.T) {
+	f := newFixture(t)
+	f.program(udpService())
+	f.program(clusterService(packet.UDP, 53, backendRemote1))
+	for _, tc := range []struct {
+		name            string
+		prog            *ebpf.Program
+		ifindex         int
+		src, dst        netip.Addr
+		served, unknown uint16 // a frontend's port on dst and one no frontend uses
+	}{
+		{"NIC", f.dp.TCProgram(), f.nic0, clientAddr, nodeAddr, 30053, 53},
+		{"pod interface", f.dp.PodProgram(), f.pod0, podAddr, clusterIP, 53, 54},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.t = t
+			const id = 4242
+			first, _ := udpFragments(tc.src, 6002, tc.dst, tc.served, id)
+			if verdict, _ := f.runTC(tc.prog, first, tc.ifindex); verdict != tcActRedirect {
+				t.Fatalf("first fragment to the frontend: verdict %d, want it translated", int32(verdict))
+			}
+			first, later := udpFragments(tc.src, 6003, tc.dst, tc.unknown, id)
+			verdict, raw := f.runTC(tc.prog, first, tc.ifindex)
+			if verdict != tcActUnspec || !bytes.Equal(raw, first) {
+				t.Fatalf("first fragment to port %d: verdict %d, changed %v; want it left to the stack",
+					tc.unknown, int32(verdict), !bytes.Equal(raw, first))
+			}
+			f.expectCounters(map[string]uint64{}, func() {
+				verdict, raw = f.runTC(tc.prog, later, tc.ifindex)
+			})
+			if verdict != tcActUnspec || !bytes.Equal(raw, later) {
+				t.Errorf("its later fragment: verdict %d, addresses %v (were %v); want it left to the stack untouched like its first",
+					int32(verdict), headerAddrs(raw), headerAddrs(later))
+			}
+		})
+	}
+}
+
+// udpFragments cuts a UDP datagram (IP id id) into a first fragment with
+// the UDP header and 24 bytes of payload and a later one with the other
+// 16. The UDP length and checksum cover the whole datagram: it is built
+// whole, then cut.
+func udpFragments(src netip.Addr, sport uint16, dst netip.Addr, dport, id uint16) (first, later []byte) {
+	whole := udpFrame(src, sport, dst, dport, string(make([]byte, 40)))
+	whole.ID = id
+	b := whole.Bytes()
+	first = append([]byte(nil), b[:14+20+8+24]...)
+	setFragment(first, true, 0)
+	later = append(append([]byte(nil), b[:14+20]...), b[14+20+8+24:]...)
+	setFragment(later, false, 4) // offset 32 bytes = 4 units
+	return first, later
 }
 
 // setFragment rewrites the fragment fields of a frame and its lengths.

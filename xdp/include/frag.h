@@ -7,6 +7,9 @@
  * A later fragment that arrives before its first cannot be told from the
  * host's own traffic and goes to the stack (counted as pass_fragment by
  * XDP); its datagram is lost, as it would be to a reordering network.
+ * Every first fragment clears what an earlier datagram with the same
+ * identity left (IP ids come round), so a datagram whose first fragment
+ * is not translated goes to the stack whole.
  */
 #ifndef XDPLB_FRAG_H
 #define XDPLB_FRAG_H
@@ -40,6 +43,19 @@ static __always_inline void frag_remember(const struct packet *orig, const struc
 		return;
 	frag_key_of(orig, &key);
 	bpf_map_update_elem(&fragments, &key, &entry, BPF_ANY);
+}
+
+/* A first fragment: forget what an earlier datagram with the same key
+ * left, so its later fragments are translated only if it is (a first
+ * fragment that is translated is remembered anew after this). */
+static __always_inline void frag_forget_first(const struct packet *pkt)
+{
+	struct frag_key key;
+
+	if (!(pkt->frag_off & IP_MF))
+		return;
+	frag_key_of(pkt, &key);
+	bpf_map_delete_elem(&fragments, &key);
 }
 
 #endif /* XDPLB_FRAG_H */

@@ -25,6 +25,13 @@ static __always_inline enum parse_result skb_parse(struct __sk_buff *skb, struct
 {
 	__u32 want = skb->len < SKB_HEADERS_LEN ? skb->len : SKB_HEADERS_LEN;
 
+	/* A VLAN's frame, its tag taken out of the frame into the skb before
+	 * the hook: XDP sees the tag and leaves it alone, and so does TC (a
+	 * redirect would carry the tag to the egress device). */
+	if (skb->vlan_present) {
+		pkt->len = skb->len;
+		return PARSE_NOT_IPV4;
+	}
 	/* Make the headers linear for direct access (fails only on
 	 * memory pressure; the parse below then reports them missing). */
 	bpf_skb_pull_data(skb, want);
