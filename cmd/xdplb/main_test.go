@@ -597,6 +597,12 @@ func TestDefaultsValidate(t *testing.T) {
 		// The DaemonSet's pod has a node name and the in-cluster
 		// configuration; here the services file stands in for the latter.
 		t.Setenv("NODE_NAME", "edge-1")
+		// The pod's /host/proc/sys is the DaemonSet's mount of the
+		// node's /proc/sys/net (tests/manifests checks the two agree).
+		if cm.Data["XDPLB_HOST_PROC_SYS"] != "/host/proc/sys" {
+			t.Errorf("XDPLB_HOST_PROC_SYS = %q, want /host/proc/sys", cm.Data["XDPLB_HOST_PROC_SYS"])
+		}
+		t.Setenv("XDPLB_HOST_PROC_SYS", "/proc/sys")
 		*got = nil
 		r := runIn(t, ns, "agent", "--services-file", servicesFile)
 		if r.code != exitOK || len(*got) != 1 {
