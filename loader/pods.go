@@ -20,11 +20,11 @@ const (
 )
 
 func podLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), podLinkPrefix+ifname)
+	return filepath.Join(linksDir(pinRoot), podLinkPrefix+PinIfname(ifname))
 }
 
 func podReplyLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), podReplyLinkPrefix+ifname)
+	return filepath.Join(linksDir(pinRoot), podReplyLinkPrefix+PinIfname(ifname))
 }
 
 // AttachPod attaches the pod program and the host reply program to the
@@ -73,8 +73,8 @@ func PodInterfaces(pinRoot string) ([]string, error) {
 	var out []string
 	for _, e := range entries {
 		for _, prefix := range []string{podLinkPrefix, podReplyLinkPrefix} {
-			if name, ok := strings.CutPrefix(e.Name(), prefix); ok && !slices.Contains(out, name) {
-				out = append(out, name)
+			if pinned, ok := strings.CutPrefix(e.Name(), prefix); ok && !slices.Contains(out, IfnameOfPin(pinned)) {
+				out = append(out, IfnameOfPin(pinned))
 			}
 		}
 	}
