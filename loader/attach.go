@@ -415,7 +415,7 @@ func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int
 		return "", fmt.Errorf("interface %s: open pinned TC link: %w", ifname, err)
 	}
 
-	l, err := link.AttachTCX(link.TCXOptions{
+	l, err := d.opts.faults.attachTCX(link.TCXOptions{
 		Interface: ifindex,
 		Program:   prog,
 		Attach:    dir.attach,
