@@ -129,7 +129,7 @@ func (d *Datapath) detachXDP(ifname string) error {
 }
 
 func xdpLinkPath(pinRoot string, mode XDPMode, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), fmt.Sprintf("xdp-%s-%s", mode, ifname))
+	return filepath.Join(linksDir(pinRoot), fmt.Sprintf("xdp-%s-%s", mode, PinIfname(ifname)))
 }
 
 // rememberXDP records for Revert the XDP program of ours the interface
@@ -356,11 +356,11 @@ func explainXDPError(ifname string, mode XDPMode, attrs *netlink.LinkAttrs, err 
 }
 
 func tcLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), "tc-ingress-"+ifname)
+	return filepath.Join(linksDir(pinRoot), "tc-ingress-"+PinIfname(ifname))
 }
 
 func tcEgressLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), "tc-egress-"+ifname)
+	return filepath.Join(linksDir(pinRoot), "tc-egress-"+PinIfname(ifname))
 }
 
 // attachTCIngress attaches the NIC's TC ingress program.
@@ -415,7 +415,7 @@ func (d *Datapath) attachTC(prog *ebpf.Program, path, ifname string, ifindex int
 		return "", fmt.Errorf("interface %s: open pinned TC link: %w", ifname, err)
 	}
 
-	l, err := link.AttachTCX(link.TCXOptions{
+	l, err := d.opts.faults.attachTCX(link.TCXOptions{
 		Interface: ifindex,
 		Program:   prog,
 		Attach:    dir.attach,
@@ -498,7 +498,9 @@ func (d *Datapath) RefreshInterface(ifname string) error {
 }
 
 // NICAttached reports whether an earlier agent left the datapath attached
-// to the interface (a pinned XDP or TC link).
+// to the interface (a pinned XDP or TC link). A pin that cannot be
+// looked up for another reason than its absence counts as one: an
+// interface it calls not attached is detached after a failed start.
 func NICAttached(pinRoot, ifname string) bool {
 	for _, p := range []string{
 		xdpLinkPath(pinRoot, XDPNative, ifname),
@@ -506,7 +508,7 @@ func NICAttached(pinRoot, ifname string) bool {
 		tcLinkPath(pinRoot, ifname),
 		tcEgressLinkPath(pinRoot, ifname),
 	} {
-		if _, err := os.Stat(p); err == nil {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			return true
 		}
 	}
@@ -519,7 +521,7 @@ func (d *Datapath) DetachNIC(ifname string) error {
 	var errs []error
 	errs = append(errs, d.detachXDP(ifname))
 	for _, path := range []string{tcLinkPath(d.opts.PinRoot, ifname), tcEgressLinkPath(d.opts.PinRoot, ifname)} {
-		if _, err := os.Stat(path); err == nil {
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, unpinLink(path))
 		}
 	}

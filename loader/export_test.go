@@ -17,6 +17,12 @@ func WithMemlockError(opts Options, err error) Options {
 	return withFaults(opts, func(f *faults) { f.liftMemlock = func() error { return err } })
 }
 
+// WithoutTCX returns opts whose load attaches TC programs as on a kernel
+// without tcx: through clsact.
+func WithoutTCX(opts Options) Options {
+	return withFaults(opts, func(f *faults) { f.noTCX = true })
+}
+
 // withFaults returns opts with a copy of its faults changed by set.
 func withFaults(opts Options, set func(*faults)) Options {
 	f := faults{}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -463,6 +464,163 @@ func TestAttachPinsLinksAndReattachUpdatesInPlace(t *testing.T) {
 	if _, err := os.Stat(loader.Dir(root)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pins left after detach: %v", err)
 	}
+}
+
+// A VLAN interface (eth0.100, bond0.42) is a common --iface on an edge
+// node, and pod interface names may have a dot too. Link pins are named
+// after the interface, and bpffs refuses names with a dot: the pins carry
+// it as a ':', and what finds interfaces by their pins reads the name
+// back. A restart adopts the links, and they follow a rename.
+func TestDottedInterfaceNamesAttach(t *testing.T) {
+	ns := testenv.NewNetns(t, "dot")
+	peer := testenv.NewNetns(t, "dotp")
+	// The names VLAN interfaces have (veth: the 8021q module may be
+	// missing where the tests run).
+	testenv.Veth(t, ns, "x0.100", peer, "x1")
+	testenv.Veth(t, ns, "pod.7", peer, "p1")
+	ns.IP("addr", "add", "192.0.2.1/24", "dev", "x0.100")
+	root := testenv.BPFFS(t)
+	links := filepath.Join(loader.Dir(root), "links")
+	// Runs in the namespace's thread: failures are returned.
+	pins := func() ([]string, error) {
+		entries, err := os.ReadDir(links)
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names, err
+	}
+	linkIDs := func() (map[string]link.ID, error) {
+		ids := map[string]link.ID{}
+		names, err := pins()
+		for _, name := range names {
+			l, err := link.LoadPinnedLink(filepath.Join(links, name), nil)
+			if err != nil {
+				return nil, err
+			}
+			info, err := l.Info()
+			l.Close()
+			if err != nil {
+				return nil, err
+			}
+			ids[name] = info.ID
+		}
+		return ids, err
+	}
+	if err := ns.Do(func() error {
+		dp, err := loadertest.Load(smallOptions(root), nil)
+		if err != nil {
+			return err
+		}
+		defer dp.Close()
+		if _, err := dp.AttachNIC("x0.100", loader.XDPNative); err != nil {
+			return err
+		}
+		if err := dp.AttachPod("pod.7"); err != nil {
+			return err
+		}
+		got, err := pins()
+		if err != nil {
+			return err
+		}
+		want := []string{"tc-egress-x0:100", "tc-ingress-x0:100", "tc-pod-pod:7", "tc-podreply-pod:7", "xdp-native-x0:100"}
+		if !slices.Equal(got, want) {
+			t.Errorf("pins %v, want %v", got, want)
+		}
+		if !loader.NICAttached(root, "x0.100") {
+			t.Error("NICAttached(x0.100) = false")
+		}
+		if pods, err := loader.PodInterfaces(root); err != nil || !slices.Equal(pods, []string{"pod.7"}) {
+			t.Errorf("PodInterfaces = %v, %v; want [pod.7]", pods, err)
+		}
+		before, err := linkIDs()
+		if err != nil {
+			return err
+		}
+
+		// A restart settles the pins and updates the links in place.
+		dp2, err := loadertest.Load(dp.Options(), nil)
+		if err != nil {
+			return err
+		}
+		defer dp2.Close()
+		if err := dp2.SettleNICPins(); err != nil {
+			return err
+		}
+		if _, err := dp2.AttachNIC("x0.100", loader.XDPNative); err != nil {
+			return fmt.Errorf("attach again: %w", err)
+		}
+		if err := dp2.AttachPod("pod.7"); err != nil {
+			return fmt.Errorf("attach the pod interface again: %w", err)
+		}
+		after, err := linkIDs()
+		if err != nil {
+			return err
+		}
+		if !maps.Equal(after, before) {
+			t.Errorf("links after a restart %v, want those updated in place %v", after, before)
+		}
+		if foreign, err := dp2.ForeignAttachments(); err != nil || len(foreign) != 0 {
+			t.Errorf("foreign attachments after the restart attached: %v, %v", foreign, err)
+		}
+
+		// Renamed: the pins follow, under the new name's encoding.
+		dev, err := netlink.LinkByName("x0.100")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetName(dev, "x0.200"); err != nil {
+			return err
+		}
+		if err := dp2.SettleNICPins(); err != nil {
+			return err
+		}
+		if got, err = pins(); err != nil {
+			return err
+		}
+		want = []string{"tc-egress-x0:200", "tc-ingress-x0:200", "tc-pod-pod:7", "tc-podreply-pod:7", "xdp-native-x0:200"}
+		if !slices.Equal(got, want) {
+			t.Errorf("pins after the rename %v, want %v", got, want)
+		}
+		detached, err := dp2.DetachNICsExcept(nil)
+		if err != nil || !slices.Equal(detached, []string{"x0.200"}) {
+			t.Errorf("DetachNICsExcept = %v, %v; want [x0.200]", detached, err)
+		}
+		if err := dp2.ForgetPod("pod.7"); err != nil {
+			return err
+		}
+		if got, err = pins(); err != nil || len(got) != 0 {
+			t.Errorf("pins after detaching: %v (%v), want none", got, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// SettleNICPins drops the pins of links whose device is gone, and only
+// those: a pin it cannot read as a link (here a map; or one it may not
+// open) is not taken for one, but left as it is and named in the error.
+func TestUnreadablePinIsNotTakenForAGoneInterface(t *testing.T) {
+	attachIn(t, func(dp *loader.Datapath) error {
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		pin := filepath.Join(loader.Dir(dp.Options().PinRoot), "links", "xdp-generic-x9")
+		if err := m.Pin(pin); err != nil {
+			return err
+		}
+		err = dp.SettleNICPins()
+		if err == nil || !strings.Contains(err.Error(), "interface x9: ") {
+			t.Errorf("SettleNICPins: %v, want an error naming x9", err)
+		}
+		if _, err := os.Stat(pin); err != nil {
+			t.Errorf("the pin SettleNICPins could not read was removed: %v", err)
+		}
+		return nil
+	})
 }
 
 // A restart that asks for an XDP mode the device does not have fails, and

@@ -14,7 +14,8 @@ import (
 )
 
 // nicLinkKinds are the prefixes of the pins of a NIC's links (see
-// xdpLinkPath, tcLinkPath and tcEgressLinkPath); the interface name follows.
+// xdpLinkPath, tcLinkPath and tcEgressLinkPath); the interface name
+// follows (as PinIfname writes it).
 func nicLinkKinds() []string {
 	return []string{"xdp-" + string(XDPNative) + "-", "xdp-" + string(XDPGeneric) + "-", "tc-ingress-", "tc-egress-"}
 }
@@ -29,8 +30,9 @@ type nicPin struct {
 	ifname string // the interface name it was pinned under
 	// ifindex is the device the link is attached to now; 0 when that
 	// device is gone (the kernel detached the link, the pin holds a
-	// defunct one) or the link cannot be read.
+	// defunct one) or the link cannot be read (err says why).
 	ifindex int
+	err     error
 }
 
 // nicPins lists the pinned links of NIC attachments, with the device
@@ -49,12 +51,13 @@ func nicPins(pinRoot string) ([]nicPin, error) {
 		// A pin SettleNICPins was renaming when it stopped is one too.
 		name := strings.TrimPrefix(e.Name(), renamingPrefix)
 		for _, kind := range nicLinkKinds() {
-			ifname, ok := strings.CutPrefix(name, kind)
+			pinned, ok := strings.CutPrefix(name, kind)
 			if !ok {
 				continue
 			}
-			pins = append(pins, nicPin{file: e.Name(), kind: kind, ifname: ifname,
-				ifindex: pinnedLinkIfindex(filepath.Join(dir, e.Name()))})
+			p := nicPin{file: e.Name(), kind: kind, ifname: IfnameOfPin(pinned)}
+			p.ifindex, p.err = pinnedLinkIfindex(filepath.Join(dir, e.Name()))
+			pins = append(pins, p)
 			break
 		}
 	}
@@ -62,15 +65,18 @@ func nicPins(pinRoot string) ([]nicPin, error) {
 }
 
 // pinnedLinkIfindex returns the device a pinned XDP or tcx link is attached
-// to, 0 if none (defunct) or if it cannot be read.
-func pinnedLinkIfindex(path string) int {
+// to, 0 if none (defunct); an error if the link cannot be read.
+func pinnedLinkIfindex(path string) (int, error) {
 	l, err := link.LoadPinnedLink(path, nil)
 	if err != nil {
-		return 0
+		return 0, err
 	}
 	defer l.Close()
-	ifindex, _ := linkIfindex(l)
-	return ifindex
+	ifindex, known := linkIfindex(l)
+	if !known {
+		return 0, fmt.Errorf("pinned link %s: cannot read its device", filepath.Base(path))
+	}
+	return ifindex, nil
 }
 
 // linkIfindex returns the device an XDP or tcx link is attached to, 0 if
@@ -116,7 +122,8 @@ func unpinLink(path string) error {
 // it by its new name updates its links in place, where a new XDP link
 // would fail on the program already there (and a second TC program would
 // run). A renamed device not to be attached to any more is then detached
-// by DetachNICsExcept.
+// by DetachNICsExcept. A pin whose link cannot be read for another reason
+// than its absence is left as it is, and named in the error.
 func (d *Datapath) SettleNICPins() error {
 	pins, err := nicPins(d.opts.PinRoot)
 	if err != nil {
@@ -128,7 +135,25 @@ func (d *Datapath) SettleNICPins() error {
 	var errs []error
 	for _, p := range pins {
 		path := filepath.Join(dir, p.file)
-		if p.ifindex == 0 {
+		// The device is gone when the link has none (defunct), or the
+		// one it has is no more, or when there is no link (a pin
+		// removed meanwhile, or dangling). A pin that cannot be read
+		// otherwise (not permitted, say) is left as it is.
+		var dev netlink.Link
+		switch {
+		case errors.Is(p.err, os.ErrNotExist):
+		case p.err != nil:
+			errs = append(errs, fmt.Errorf("interface %s: %w", p.ifname, p.err))
+			continue
+		case p.ifindex != 0:
+			dev, err = netlink.LinkByIndex(p.ifindex)
+			var notFound netlink.LinkNotFoundError
+			if err != nil && !errors.As(err, &notFound) {
+				errs = append(errs, fmt.Errorf("interface %s: device %d of pinned link %s: %w", p.ifname, p.ifindex, p.file, err))
+				continue
+			}
+		}
+		if dev == nil {
 			if err := unpinLink(path); err != nil {
 				errs = append(errs, fmt.Errorf("interface %s: %w", p.ifname, err))
 				continue
@@ -136,14 +161,9 @@ func (d *Datapath) SettleNICPins() error {
 			d.log.Info("dropped the pinned link of an interface that is gone", "interface", p.ifname, "pin", p.file)
 			continue
 		}
-		dev, err := netlink.LinkByIndex(p.ifindex)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("interface %s: device %d of pinned link %s: %w", p.ifname, p.ifindex, p.file, err))
-			continue
-		}
 		if name := dev.Attrs().Name; name != p.ifname || strings.HasPrefix(p.file, renamingPrefix) {
 			moves = append(moves, move{from: path, tmp: filepath.Join(dir, renamingPrefix+strings.TrimPrefix(p.file, renamingPrefix)),
-				to: filepath.Join(dir, p.kind+name), ifname: p.ifname, newName: name})
+				to: filepath.Join(dir, p.kind+PinIfname(name)), ifname: p.ifname, newName: name})
 		}
 	}
 	// In two steps, so that names swapped between devices move too.

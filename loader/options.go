@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 )
 
@@ -52,6 +54,7 @@ type Options struct {
 type faults struct {
 	liftMemlock func() error                // rlimit.RemoveMemlock
 	renamePin   func(from, to string) error // os.Rename, moving pinned maps into place
+	noTCX       bool                        // link.AttachTCX fails as on a kernel without tcx
 }
 
 func (f *faults) removeMemlock() error {
@@ -59,6 +62,13 @@ func (f *faults) removeMemlock() error {
 		return f.liftMemlock()
 	}
 	return rlimit.RemoveMemlock()
+}
+
+func (f *faults) attachTCX(opts link.TCXOptions) (link.Link, error) {
+	if f != nil && f.noTCX {
+		return nil, fmt.Errorf("attach tcx: %w", ebpf.ErrNotSupported)
+	}
+	return link.AttachTCX(opts)
 }
 
 func (f *faults) rename(from, to string) error {

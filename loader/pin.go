@@ -149,6 +149,8 @@ var errSlotsUnhinted = errors.New("SNAT slots placed without bucket hints")
 // and the control plane's entries are copied (migrations); counters start
 // over. SNAT slots are also moved when there are no bucket hints to adopt
 // (a version before them placed the slots by a hash of their backend).
+// Moving the slots hands out buckets in the hints: in new hints, or in a
+// copy of the pinned ones that replaces them like a resized map.
 //
 // Nothing is pinned or unpinned here: the replacements are returned, for
 // the collection loader to use in place of the pins, and their commit
@@ -196,6 +198,24 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 		if incompatible == nil {
 			old.Close()
 			continue
+		}
+		if name == "snat_slots" && !fresh {
+			// Moving the slots gives a bucket to each backend that has
+			// none, in the hints: the running datapath reads the pinned
+			// ones until the commit, and after a start that fails, so
+			// the move writes into a copy, swapped in at the commit.
+			copied, err := fillReplacement(snatBucketHints, spec.Maps[snatBucketHints], hints,
+				copyEntries[uint32, uint32], log)
+			if err != nil {
+				old.Close()
+				return nil, err
+			}
+			copied.why = "the SNAT slots move (" + incompatible.Error() + "): backends without a bucket get one"
+			// In name order, before snat_slots: swapped first, so that a
+			// commit cut short leaves the old slots, which the next load
+			// moves again by these hints, not moved slots without them.
+			r.maps = append(r.maps, copied)
+			migrate = migrations(opts, copied.m)
 		}
 		repl, err := fillReplacement(name, ms, old, migrate[name], log)
 		old.Close()
@@ -309,9 +329,11 @@ func fillReplacement(name string, ms *ebpf.MapSpec, old *ebpf.Map, migrate migra
 // mapReplacements are the filled replacements of a load's incompatible
 // pinned maps, not pinned yet.
 type mapReplacements struct {
-	dir   string         // the maps' pin directory
-	maps  []*replacement // in name order
-	hints *replacement   // fresh SNAT bucket hints, if any: swapped last
+	dir  string         // the maps' pin directory
+	maps []*replacement // in name order (with a copy of the SNAT bucket hints the slots moved by)
+	// hints are fresh SNAT bucket hints, if there were none to adopt:
+	// swapped last.
+	hints *replacement
 	log   *slog.Logger
 	// faults is the load's: the renames that move pins go through it.
 	faults *faults
@@ -564,7 +586,9 @@ func (w *batchWriter[K, V]) flush() {
 // opts and the bucket hints place them, giving a backend without a bucket
 // the next one (as the datapath does on a first claim). A flow whose port
 // is outside the new range, or whose new slot is taken, is skipped: its
-// forward half claims a new port on its next packet.
+// forward half claims a new port on its next packet. hints is written to:
+// never the pinned map, which the running datapath reads until the commit
+// (see adoptPinnedMaps).
 func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, skipped int, err error) {
 	var index uint32
 	var slot xdp.NicSnatSlot

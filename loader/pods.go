@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 )
 
@@ -20,11 +21,21 @@ const (
 )
 
 func podLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), podLinkPrefix+ifname)
+	return filepath.Join(linksDir(pinRoot), podLinkPrefix+PinIfname(ifname))
 }
 
 func podReplyLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), podReplyLinkPrefix+ifname)
+	return filepath.Join(linksDir(pinRoot), podReplyLinkPrefix+PinIfname(ifname))
+}
+
+// A pod interface attached through clsact (kernels without tcx) has no
+// pinned link: an empty directory named after it in clsactPodsDir marks
+// it instead, for PodInterfaces to find it. (Not in linksDir, where every
+// entry is a link.)
+func clsactPodsDir(pinRoot string) string { return filepath.Join(Dir(pinRoot), "clsact-pods") }
+
+func clsactPodMark(pinRoot, ifname string) string {
+	return filepath.Join(clsactPodsDir(pinRoot), PinIfname(ifname))
 }
 
 // AttachPod attaches the pod program and the host reply program to the
@@ -36,19 +47,57 @@ func (d *Datapath) AttachPod(ifname string) error {
 		return fmt.Errorf("pod interface %s: %w", ifname, err)
 	}
 	ifindex := dev.Attrs().Index
-	if _, err := d.attachTC(d.pod, podLinkPath(d.opts.PinRoot, ifname), ifname, ifindex, tcIngress); err != nil {
-		return err
-	}
-	if _, err := d.attachTC(d.hostReply, podReplyLinkPath(d.opts.PinRoot, ifname), ifname, ifindex,
-		tcEgress); err != nil {
-		return err
+	for _, h := range []struct {
+		prog *ebpf.Program
+		path string
+		dir  tcDirection
+	}{
+		{d.pod, podLinkPath(d.opts.PinRoot, ifname), tcIngress},
+		{d.hostReply, podReplyLinkPath(d.opts.PinRoot, ifname), tcEgress},
+	} {
+		mode, err := d.attachTC(h.prog, h.path, ifname, ifindex, h.dir)
+		if err != nil {
+			return err
+		}
+		if mode == "clsact" {
+			if err := d.markClsactPod(ifname); err != nil {
+				return fmt.Errorf("pod interface %s: %w", ifname, err)
+			}
+		}
 	}
 	return nil
 }
 
-// ForgetPod removes the pins of a pod interface's links. When the
-// interface is gone its programs went with it; otherwise this detaches
-// them.
+// markClsactPod marks a pod interface attached through clsact; before
+// CommitPins, a mark it makes is recorded for Revert to remove.
+func (d *Datapath) markClsactPod(ifname string) error {
+	if err := os.MkdirAll(clsactPodsDir(d.opts.PinRoot), 0o700); err != nil {
+		return fmt.Errorf("mark as attached through clsact: %w", err)
+	}
+	mark := clsactPodMark(d.opts.PinRoot, ifname)
+	err := os.Mkdir(mark, 0o700)
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("mark as attached through clsact: %w", err)
+	}
+	d.onRevert("pod interface "+ifname+" clsact mark", nil, func() error { return removeMark(mark) })
+	return nil
+}
+
+func removeMark(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove mark %s: %w", path, err)
+	}
+	return nil
+}
+
+// ForgetPod detaches a pod interface: it removes the pins of its links,
+// and its clsact filters (kernels without tcx) and their mark. When the
+// interface is gone its programs went with it. The filters of an
+// interface this datapath is attached to as a NIC (one that had a pod
+// interface's name before) are the NIC's: they stay.
 func (d *Datapath) ForgetPod(ifname string) error {
 	var errs []error
 	for _, path := range []string{podLinkPath(d.opts.PinRoot, ifname), podReplyLinkPath(d.opts.PinRoot, ifname)} {
@@ -56,27 +105,71 @@ func (d *Datapath) ForgetPod(ifname string) error {
 			errs = append(errs, fmt.Errorf("pod interface %s: %w", ifname, err))
 		}
 	}
+	var notFound netlink.LinkNotFoundError
+	dev, err := netlink.LinkByName(ifname)
+	switch {
+	case errors.As(err, &notFound):
+	case err != nil:
+		errs = append(errs, fmt.Errorf("pod interface %s: %w", ifname, err))
+	case d.isNIC(dev.Attrs().Index):
+	default:
+		if err := detachClsact(dev.Attrs().Index); err != nil {
+			errs = append(errs, fmt.Errorf("pod interface %s: remove TC filters: %w", ifname, err))
+		}
+	}
+	if len(errs) == 0 {
+		// Kept while filters may be left, so that it is forgotten again.
+		if err := removeMark(clsactPodMark(d.opts.PinRoot, ifname)); err != nil {
+			errs = append(errs, fmt.Errorf("pod interface %s: %w", ifname, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
-// PodInterfaces lists the pod interfaces with a pinned link.
+// isNIC reports whether the datapath is attached to the device as a NIC
+// (AttachNIC makes it an XDP redirect target).
+func (d *Datapath) isNIC(ifindex int) bool {
+	var v uint32
+	return d.Maps.TxPorts.Lookup(uint32(ifindex), &v) == nil
+}
+
+// PodInterfaces lists the pod interfaces with a pinned link, or a mark
+// of an attach through clsact.
 func PodInterfaces(pinRoot string) ([]string, error) {
-	entries, err := os.ReadDir(linksDir(pinRoot))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+	var out []string
+	add := func(pinned string) {
+		if name := IfnameOfPin(pinned); !slices.Contains(out, name) {
+			out = append(out, name)
+		}
 	}
+	links, err := readDirIfAny(linksDir(pinRoot))
 	if err != nil {
 		return nil, err
 	}
 	// Either pin names the interface: one whose other pin could not be
 	// removed is still listed, so it is forgotten again.
-	var out []string
-	for _, e := range entries {
+	for _, e := range links {
 		for _, prefix := range []string{podLinkPrefix, podReplyLinkPrefix} {
-			if name, ok := strings.CutPrefix(e.Name(), prefix); ok && !slices.Contains(out, name) {
-				out = append(out, name)
+			if pinned, ok := strings.CutPrefix(e.Name(), prefix); ok {
+				add(pinned)
 			}
 		}
 	}
+	marks, err := readDirIfAny(clsactPodsDir(pinRoot))
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range marks {
+		add(e.Name())
+	}
 	return out, nil
+}
+
+// readDirIfAny is os.ReadDir, with no entries where there is no directory.
+func readDirIfAny(dir string) ([]os.DirEntry, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return entries, err
 }

@@ -348,3 +348,80 @@ func TestLoadRemovesAnInterruptedSwapsLeftovers(t *testing.T) {
 		t.Errorf("the interrupted swap's staging directory is still there: %v", err)
 	}
 }
+
+// Moving the SNAT slots to a new layout gives backends buckets in the
+// hints; the running datapath reads the pinned hints until the commit. A
+// start that moves them and fails (reverted, not committed) leaves the
+// pinned hints as they were, or replies to the running datapath's SNAT
+// flows would look for their slots in another bucket; one that commits
+// pins the hints its slots were moved by.
+func TestFailedResizeLeavesTheSNATHints(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts, dp, backend, node, slot := loadWithSNATSlot(t, root)
+	buckets := opts.SNATBuckets()
+	hint := xdp.SNATHint(backend, node, 6)
+	// The last bucket: one the new layout no longer has, so the move
+	// gives the backend another.
+	if err := dp.Maps.SNATBucketHints.Put(hint, buckets); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(buckets-1, 40500, 40000, 40999), slot); err != nil {
+		t.Fatal(err)
+	}
+	var next uint32
+	if err := dp.Maps.SNATBucketHints.Lookup(uint32(xdp.SNATHintNext), &next); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	pinned := loadertest.PinnedMapIDs(t, root)
+
+	bigger := opts
+	bigger.SNATPortMin, bigger.SNATPortMax = 40000, 49999
+	if bigger.SNATBuckets() >= buckets {
+		t.Fatalf("the new layout has %d buckets, want fewer than %d", bigger.SNATBuckets(), buckets)
+	}
+	for range 2 {
+		failing, err := loader.Load(bigger, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The start fails after the load (an attach, the cgroup, ...).
+		if err := failing.Revert(); err != nil {
+			t.Fatal(err)
+		}
+		failing.Close()
+		expectPins(t, root, pinned)
+		running, err := loader.OpenPinned(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got, gotNext uint32
+		if err := running.SNATBucketHints.Lookup(hint, &got); err != nil {
+			t.Fatal(err)
+		}
+		if err := running.SNATBucketHints.Lookup(uint32(xdp.SNATHintNext), &gotNext); err != nil {
+			t.Fatal(err)
+		}
+		running.Close()
+		if got != buckets || gotNext != next {
+			t.Fatalf("after a failed start the pinned hint of %s is %d and the turn %d, want %d and %d as they were",
+				backend, got, gotNext, buckets, next)
+		}
+	}
+
+	dp, err := loadertest.Load(bigger, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	expectSlotAtHint(t, dp, backend, node, slot)
+	info, err := dp.Maps.SNATBucketHints.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	if now := loadertest.PinnedMapIDs(t, root)["snat_bucket_hints"]; now != id || now == pinned["snat_bucket_hints"] {
+		t.Errorf("after the commit the SNAT bucket hints pinned are map %d, want the new datapath's %d (before: %d)",
+			now, id, pinned["snat_bucket_hints"])
+	}
+}

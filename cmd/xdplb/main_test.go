@@ -10,6 +10,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -496,6 +497,37 @@ func TestValidFlagsAttach(t *testing.T) {
 	if r.code != exitFailure || !strings.HasPrefix(r.stderr, "xdplb: no xdplb datapath pinned under "+root) ||
 		strings.Count(r.stderr, "\n") != 1 {
 		t.Errorf("status after detach: exit %d, %q; want 1 and one line saying nothing is pinned", r.code, r.stderr)
+	}
+}
+
+// A VLAN interface's name has a dot (eth0.100): --iface takes it, the
+// agent attaches to it, status lists it and detach removes it by that
+// name.
+func TestDottedIfaceAttaches(t *testing.T) {
+	const vlan = "xlb0.5"
+	ns := testNetns(t, vlan, "xlb1")
+	started := startOnly(t)
+	cleanEnv(t)
+	root := t.TempDir()
+	cleanupRoot(t, ns, root)
+	r := runIn(t, ns, flagCase{set: map[string]string{"iface": vlan, "cgroup-root": "off"}}.args(root,
+		filepath.Join(t.TempDir(), "services.yaml"))...)
+	if r.code != exitOK || len(*started) != 1 {
+		t.Fatalf("exit code %d (agent started %d times)\nstderr: %s", r.code, len(*started), r.stderr)
+	}
+	if s := observe(t, ns, root, vlan); s.xdpProg == 0 || s.tcxProgs != 2 {
+		t.Errorf("on %s: XDP program id %d, %d tcx programs; want XDP and TC ingress and egress", vlan, s.xdpProg, s.tcxProgs)
+	}
+	r = runIn(t, ns, "status", "--bpffs-root", root)
+	if r.code != exitOK || !regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(vlan)+`\s+xdp\s`).MatchString(r.stdout) {
+		t.Errorf("status: exit %d, want the XDP attachment of %s listed\nstdout: %s\nstderr: %s", r.code, vlan, r.stdout, r.stderr)
+	}
+	r = runIn(t, ns, "detach", "--bpffs-root", root)
+	if want := fmt.Sprintf("detached tc-egress from %s\ndetached tc-ingress from %s\ndetached xdp from %s\n", vlan, vlan, vlan); r.code != exitOK || !strings.HasPrefix(r.stdout, want) {
+		t.Errorf("detach: exit %d, said\n%s\nwant it to start with\n%s\nstderr: %s", r.code, r.stdout, want, r.stderr)
+	}
+	if s := observe(t, ns, root, vlan); s.xdpProg != 0 || s.tcxProgs != 0 {
+		t.Errorf("after detach: XDP program id %d, %d tcx programs", s.xdpProg, s.tcxProgs)
 	}
 }
 

@@ -263,19 +263,21 @@ func LinkNames(pinRoot string) ([]Attachment, error) {
 	for _, e := range entries {
 		a := Attachment{}
 		name := e.Name()
+		// The interface's name as the pin carries it (loader.PinIfname).
+		iface := func(prefix string) string { return loader.IfnameOfPin(strings.TrimPrefix(name, prefix)) }
 		switch {
 		case strings.HasPrefix(name, "xdp-native-"):
-			a.Hook, a.Mode, a.Interface = "xdp", "native", strings.TrimPrefix(name, "xdp-native-")
+			a.Hook, a.Mode, a.Interface = "xdp", "native", iface("xdp-native-")
 		case strings.HasPrefix(name, "xdp-generic-"):
-			a.Hook, a.Mode, a.Interface = "xdp", "generic", strings.TrimPrefix(name, "xdp-generic-")
+			a.Hook, a.Mode, a.Interface = "xdp", "generic", iface("xdp-generic-")
 		case strings.HasPrefix(name, "tc-ingress-"):
-			a.Hook, a.Mode, a.Interface = "tc-ingress", "tcx", strings.TrimPrefix(name, "tc-ingress-")
+			a.Hook, a.Mode, a.Interface = "tc-ingress", "tcx", iface("tc-ingress-")
 		case strings.HasPrefix(name, "tc-egress-"):
-			a.Hook, a.Mode, a.Interface = "tc-egress", "tcx", strings.TrimPrefix(name, "tc-egress-")
+			a.Hook, a.Mode, a.Interface = "tc-egress", "tcx", iface("tc-egress-")
 		case strings.HasPrefix(name, "tc-pod-"):
-			a.Hook, a.Mode, a.Interface = "tc-pod", "tcx", strings.TrimPrefix(name, "tc-pod-")
+			a.Hook, a.Mode, a.Interface = "tc-pod", "tcx", iface("tc-pod-")
 		case strings.HasPrefix(name, "tc-podreply-"):
-			a.Hook, a.Mode, a.Interface = "tc-podreply", "tcx", strings.TrimPrefix(name, "tc-podreply-")
+			a.Hook, a.Mode, a.Interface = "tc-podreply", "tcx", iface("tc-podreply-")
 		case strings.HasPrefix(name, "cgroup-"):
 			a.Hook, a.Mode, a.Interface = "cgroup", strings.TrimPrefix(name, "cgroup-"), "(cgroup)"
 		default:
@@ -292,11 +294,11 @@ func LinkNames(pinRoot string) ([]Attachment, error) {
 func linkPinName(a Attachment) string {
 	switch a.Hook {
 	case "xdp":
-		return "xdp-" + a.Mode + "-" + a.Interface
+		return "xdp-" + a.Mode + "-" + loader.PinIfname(a.Interface)
 	case "cgroup":
 		return "cgroup-" + a.Mode
 	}
-	return a.Hook + "-" + a.Interface
+	return a.Hook + "-" + loader.PinIfname(a.Interface)
 }
 
 // attachments reads the pinned links.
