@@ -147,6 +147,15 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 			}
 		}
 	}()
+	if _, err := exec.LookPath("nft"); err == nil {
+		// What every mode must leave (nothing, in a new namespace).
+		if e.netfilter, err = readNetfilter(e.topo.Edge); err != nil {
+			return nil, fmt.Errorf("edge node's netfilter: %w", err)
+		}
+		if e.netfilter.ruleset != "" {
+			log.Warn("the edge node starts with netfilter rules; every mode must leave them as they are", "tables", e.netfilter.tables)
+		}
+	}
 	if e.gen, err = traffic.NewGenerator(e.topo.Gen, "eth0"); err != nil {
 		return nil, err
 	}
