@@ -34,6 +34,7 @@ type env struct {
 	gen      *traffic.Generator // client side: forward traffic
 	replyGen *traffic.Generator // node2 side: replies
 	pktgen   *traffic.Pktgen    // kernel pktgen, when used
+	noPktgen string             // else why not
 
 	cluster *cluster // API server for kube-proxy, started on first use
 
