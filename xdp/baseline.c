@@ -338,15 +338,19 @@ struct {
 	__type(value, struct gen_state);
 } gen_counters SEC(".maps");
 
-/* The tuple of flow number i of a computed sequence. */
+/*
+ * The tuple of a computed flow: its source address and port come from the
+ * flow number i, its destination from d. A fixed set of flows passes i for
+ * both; new flows pass the sending CPU's own sequence for d (see xdp_gen).
+ */
 static __always_inline void gen_computed(const struct gen_config *cfg, __u64 i,
-					 struct gen_tuple *t, __be16 dport)
+					 __u64 d, struct gen_tuple *t, __be16 dport)
 {
 	__u64 per_addr = cfg->sport_count ? cfg->sport_count : 1;
 	__u64 saddrs = cfg->saddr_count ? cfg->saddr_count : 1;
 	__u64 daddrs = cfg->daddr_count ? cfg->daddr_count : 1;
 	__u32 src = (__u32)((i / per_addr) % saddrs);
-	__u32 dst = (__u32)(i % daddrs);
+	__u32 dst = (__u32)(d % daddrs);
 
 	t->sport = bpf_htons((__u16)(cfg->sport_min + i % per_addr));
 	t->saddr = bpf_htonl(bpf_ntohl(cfg->saddr) + src);
@@ -367,7 +371,7 @@ int xdp_gen(struct xdp_md *ctx)
 	__be32 old_saddr, old_daddr;
 	__be16 old_sport, old_dport;
 	__u16 *check;
-	__u64 i;
+	__u64 i, d;
 
 	if (!cfg || !st)
 		return XDP_ABORTED;
@@ -377,12 +381,19 @@ int xdp_gen(struct xdp_md *ctx)
 	}
 	__builtin_memcpy(data, cfg->hdr, GEN_HDR_LEN);
 
-	/* A fixed set of flows is cycled through from every CPU; new flows
-	 * interleave the CPUs' sequences so no two CPUs send the same one. */
-	if (cfg->flows)
-		i = (st->seq++ + bpf_get_smp_processor_id()) % cfg->flows;
-	else
-		i = st->seq++ * (cfg->slots ? cfg->slots : 1) + bpf_get_smp_processor_id();
+	/* A fixed set of flows is cycled through from every CPU. New flows
+	 * interleave the CPUs' sequences in the flow number, so no two CPUs
+	 * send the same source address and port, but take their destination
+	 * from the CPU's own sequence: from the flow number, a CPU would only
+	 * reach the destinations congruent to its slot (half of them with two
+	 * slots and one sending thread). */
+	d = st->seq++;
+	if (cfg->flows) {
+		i = (d + bpf_get_smp_processor_id()) % cfg->flows;
+		d = i;
+	} else {
+		i = d * (cfg->slots ? cfg->slots : 1) + bpf_get_smp_processor_id();
+	}
 
 	old_saddr = *(__be32 *)(data + GEN_OFF_SADDR);
 	old_daddr = *(__be32 *)(data + GEN_OFF_DADDR);
@@ -398,7 +409,7 @@ int xdp_gen(struct xdp_md *ctx)
 		}
 		t = *row;
 	} else {
-		gen_computed(cfg, i, &t, old_dport);
+		gen_computed(cfg, i, d, &t, old_dport);
 	}
 
 	*(__be32 *)(data + GEN_OFF_SADDR) = t.saddr;

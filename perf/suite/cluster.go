@@ -2,6 +2,8 @@ package suite
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,9 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -35,8 +39,27 @@ type cluster struct {
 	log    *slog.Logger
 	dir    string
 
-	// Services currently in the API, by name.
-	have map[string]bool
+	// Services currently in the API, by name, with digests of what they
+	// and their EndpointSlices were given.
+	have map[string]objectDigests
+}
+
+// objectDigests identify the content of a Service and of its EndpointSlice.
+type objectDigests struct{ svc, slice [sha256.Size]byte }
+
+// digestsOf returns the digests of the objects as sync writes them.
+func digestsOf(svc *corev1.Service, slice *discoveryv1.EndpointSlice) (objectDigests, error) {
+	var d objectDigests
+	b, err := json.Marshal(svc)
+	if err != nil {
+		return d, err
+	}
+	d.svc = sha256.Sum256(b)
+	if b, err = json.Marshal(slice); err != nil {
+		return d, err
+	}
+	d.slice = sha256.Sum256(b)
+	return d, nil
 }
 
 func startCluster(ctx context.Context, dir string, edge *netns.NS, log *slog.Logger) (*cluster, error) {
@@ -45,7 +68,7 @@ func startCluster(ctx context.Context, dir string, edge *netns.NS, log *slog.Log
 	if err != nil {
 		return nil, fmt.Errorf("start kube-apiserver: %w", err)
 	}
-	c := &cluster{srv: srv, log: log, dir: dir, have: map[string]bool{}}
+	c := &cluster{srv: srv, log: log, dir: dir, have: map[string]objectDigests{}}
 	cfg := srv.AdminConfig()
 	cfg.QPS, cfg.Burst = 5000, 10000
 	cfg.UserAgent = "xdplb-perf"
@@ -117,41 +140,68 @@ func (c *cluster) ensureNode(ctx context.Context) error {
 	return nil
 }
 
-// sync makes the API hold exactly the set's Services and EndpointSlices.
-// Objects are immutable per name across sets (same name, same spec), so
-// only creations and deletions are needed.
+// sync makes the API hold exactly the set's Services and EndpointSlices:
+// it creates what is missing, deletes what the set lacks and updates what
+// changed. The same Service can have other endpoints in another set (16
+// as a target, one otherwise, depending on the set's stride), and
+// kube-proxy must see what xdplb's services file of the same set says.
 func (c *cluster) sync(ctx context.Context, set ServiceSet) error {
-	start := time.Now()
 	svcs, slices := set.Objects()
-	want := map[string]bool{}
-	var create []int
+	return c.syncObjects(ctx, svcs, slices)
+}
+
+// syncObjects makes the API hold exactly these Services and their
+// EndpointSlices (slices[i] belongs to svcs[i]).
+func (c *cluster) syncObjects(ctx context.Context, svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) error {
+	start := time.Now()
+	want := make(map[string]objectDigests, len(svcs))
+	var write []int
 	for i, s := range svcs {
-		want[s.Name] = true
-		if !c.have[s.Name] {
-			create = append(create, i)
+		d, err := digestsOf(s, slices[i])
+		if err != nil {
+			return fmt.Errorf("digest of Service %s: %w", s.Name, err)
+		}
+		want[s.Name] = d
+		if have, ok := c.have[s.Name]; !ok || have != d {
+			write = append(write, i)
 		}
 	}
 	var remove []string
 	for name := range c.have {
-		if !want[name] {
+		if _, ok := want[name]; !ok {
 			remove = append(remove, name)
 		}
 	}
-	err := parallel(ctx, 32, len(create), func(ctx context.Context, k int) error {
-		i := create[k]
-		if _, err := c.client.CoreV1().Services(defaultNS).Create(ctx, svcs[i], metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create Service %s: %w", svcs[i].Name, err)
+	var created, updated atomic.Int64
+	err := parallel(ctx, 32, len(write), func(ctx context.Context, k int) error {
+		i := write[k]
+		have, known := c.have[svcs[i].Name]
+		if !known || have.svc != want[svcs[i].Name].svc {
+			n, err := c.writeService(ctx, svcs[i], known)
+			if err != nil {
+				return err
+			}
+			created.Add(n.created)
+			updated.Add(n.updated)
 		}
-		if _, err := c.client.DiscoveryV1().EndpointSlices(defaultNS).Create(ctx, slices[i], metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create EndpointSlice %s: %w", slices[i].Name, err)
+		if !known || have.slice != want[svcs[i].Name].slice {
+			n, err := c.writeSlice(ctx, slices[i], known)
+			if err != nil {
+				return err
+			}
+			created.Add(n.created)
+			updated.Add(n.updated)
 		}
 		return nil
 	})
 	if err != nil {
+		// What was written is not known exactly: the next sync writes
+		// every object again.
+		clear(c.have)
 		return err
 	}
-	for _, i := range create {
-		c.have[svcs[i].Name] = true
+	for _, i := range write {
+		c.have[svcs[i].Name] = want[svcs[i].Name]
 	}
 	err = parallel(ctx, 32, len(remove), func(ctx context.Context, k int) error {
 		name := remove[k]
@@ -164,14 +214,68 @@ func (c *cluster) sync(ctx context.Context, set ServiceSet) error {
 		return nil
 	})
 	if err != nil {
+		clear(c.have)
 		return err
 	}
 	for _, name := range remove {
 		delete(c.have, name)
 	}
-	c.log.Info("Services in the API server", "services", len(c.have), "created", len(create), "deleted", len(remove),
-		"took", time.Since(start).Round(time.Millisecond))
+	c.log.Info("Services in the API server", "services", len(c.have), "objects_created", created.Load(),
+		"objects_updated", updated.Load(), "services_deleted", len(remove), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// writes counts the objects a write created and updated.
+type writes struct{ created, updated int64 }
+
+// writeService creates svc, or replaces the Service of its name (first,
+// when it is known to exist).
+func (c *cluster) writeService(ctx context.Context, svc *corev1.Service, exists bool) (writes, error) {
+	api := c.client.CoreV1().Services(defaultNS)
+	if !exists {
+		_, err := api.Create(ctx, svc, metav1.CreateOptions{})
+		if err == nil {
+			return writes{created: 1}, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return writes{}, fmt.Errorf("create Service %s: %w", svc.Name, err)
+		}
+	}
+	// Unconditional (no resourceVersion): nothing else writes these.
+	_, err := api.Update(ctx, svc, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		if _, err = api.Create(ctx, svc, metav1.CreateOptions{}); err == nil {
+			return writes{created: 1}, nil
+		}
+	}
+	if err != nil {
+		return writes{}, fmt.Errorf("update Service %s: %w", svc.Name, err)
+	}
+	return writes{updated: 1}, nil
+}
+
+// writeSlice is writeService for an EndpointSlice.
+func (c *cluster) writeSlice(ctx context.Context, slice *discoveryv1.EndpointSlice, exists bool) (writes, error) {
+	api := c.client.DiscoveryV1().EndpointSlices(defaultNS)
+	if !exists {
+		_, err := api.Create(ctx, slice, metav1.CreateOptions{})
+		if err == nil {
+			return writes{created: 1}, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return writes{}, fmt.Errorf("create EndpointSlice %s: %w", slice.Name, err)
+		}
+	}
+	_, err := api.Update(ctx, slice, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		if _, err = api.Create(ctx, slice, metav1.CreateOptions{}); err == nil {
+			return writes{created: 1}, nil
+		}
+	}
+	if err != nil {
+		return writes{}, fmt.Errorf("update EndpointSlice %s: %w", slice.Name, err)
+	}
+	return writes{updated: 1}, nil
 }
 
 // parallel runs fn for 0..n-1 on up to workers goroutines and returns the

@@ -34,6 +34,7 @@ type env struct {
 	gen      *traffic.Generator // client side: forward traffic
 	replyGen *traffic.Generator // node2 side: replies
 	pktgen   *traffic.Pktgen    // kernel pktgen, when used
+	noPktgen string             // else why not
 
 	cluster *cluster // API server for kube-proxy, started on first use
 
@@ -41,7 +42,10 @@ type env struct {
 	frameSize   int     // bytes per frame
 	proto       uint8   // TCP, or UDP with pktgen
 	calibration float64 // CPU s/Mpkt of the generator and a sink alone
-	softirqd    []int   // pids of ksoftirqd/N
+	// netfilter is the edge node's netfilter before the first mode (the
+	// zero value, no rules, unless read): every mode leaves it so.
+	netfilter netfilterState
+	softirqd  []int // pids of ksoftirqd/N
 	// warmUp: every mode start runs each scenario once unrecorded first.
 	// Fresh maps hand out their entries in memory order, which the first
 	// repetition after a start measures; every later one, like a node
@@ -96,9 +100,10 @@ func (e *env) flushConntrack() error {
 	return nil
 }
 
-// assertClean checks that no datapath is left in the edge node: no XDP
-// program on its NICs and no kube-proxy rules, so the next mode is the
-// only one handling traffic.
+// assertClean checks that no datapath is left in the edge node: no XDP or
+// tcx program or TC filter on its NICs, and netfilter exactly as before the
+// first mode (no kube-proxy rules, and no tables either: empty ones slow
+// forwarding down too). A check that cannot be made is an error as well.
 func (e *env) assertClean() error {
 	var errs []error
 	for _, dev := range []string{"eth0", "eth1", "vethpod0"} {
@@ -121,25 +126,47 @@ func (e *env) assertClean() error {
 				}
 				return err
 			})
-			if err == nil && n > 0 {
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("query %s's tcx %s programs: %w", dev, at, err))
+			case n > 0:
 				errs = append(errs, fmt.Errorf("%s still has %d tcx %s program(s)", dev, n, at))
 			}
 		}
-		out, err := e.topo.Edge.Exec("tc", "filter", "show", "dev", dev, "ingress")
-		if err == nil && strings.TrimSpace(out) != "" {
-			errs = append(errs, fmt.Errorf("%s still has a TC ingress filter", dev))
+		for _, dir := range []string{"ingress", "egress"} {
+			out, err := e.topo.Edge.Exec("tc", "filter", "show", "dev", dev, dir)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case strings.TrimSpace(out) != "":
+				errs = append(errs, fmt.Errorf("%s still has a TC %s filter", dev, dir))
+			}
 		}
 	}
-	if _, err := exec.LookPath("iptables-save"); err == nil {
-		out, err := e.topo.Edge.Exec("iptables-save")
-		if err == nil && strings.Contains(out, "KUBE-") {
-			errs = append(errs, fmt.Errorf("kube-proxy iptables rules are still present: %s", matching(out, "KUBE-", 5)))
-		}
-	}
+	errs = append(errs, e.netfilterClean())
+	return errors.Join(errs...)
+}
+
+// netfilterClean checks the edge node's netfilter is as before the first
+// mode. Without nft (no kube-proxy mode can run then), iptables must list
+// no table at all.
+func (e *env) netfilterClean() error {
 	if _, err := exec.LookPath("nft"); err == nil {
-		out, err := e.topo.Edge.Exec("nft", "list", "tables")
-		if err == nil && strings.Contains(out, "kube-proxy") {
-			errs = append(errs, errors.New("kube-proxy nftables table is still present"))
+		return checkNetfilter(e.topo.Edge, e.netfilter)
+	}
+	var errs []error
+	for _, save := range []string{"iptables-save", "ip6tables-save"} {
+		if _, err := exec.LookPath(save); err != nil {
+			continue
+		}
+		out, err := e.topo.Edge.Exec(save)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case strings.Contains(out, "KUBE-"):
+			errs = append(errs, fmt.Errorf("kube-proxy iptables rules are still present: %s", matching(out, "KUBE-", 5)))
+		case strings.Contains(out, "\n*"), strings.HasPrefix(out, "*"):
+			errs = append(errs, fmt.Errorf("%s lists tables: %s", save, matching(out, "*", 5)))
 		}
 	}
 	return errors.Join(errs...)

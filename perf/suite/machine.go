@@ -47,6 +47,7 @@ func machineFacts(e *env) summary.Machine {
 		m.Generator = "kernel pktgen (pktgen.sh)"
 	} else {
 		m.Generator = "BPF_PROG_TEST_RUN live frames (xdp_gen)"
+		m.NoPktgen = e.noPktgen
 	}
 	if e.xdplb != "" {
 		if out, err := exec.Command(e.xdplb, "version").Output(); err == nil {

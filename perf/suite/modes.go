@@ -368,6 +368,10 @@ func (m *kubeProxyMode) unavailable(ctx context.Context, e *env) string {
 	if e.kubeProxy == "" {
 		return "kube-proxy " + k8sbin.KubernetesVersion + " could not be built (see the run's log)"
 	}
+	// Every mode needs nft to leave netfilter as it found it.
+	if _, err := exec.LookPath("nft"); err != nil {
+		return "nft is not installed (Debian package nftables)"
+	}
 	switch m.proxyMode {
 	case "iptables":
 		for _, bin := range []string{"iptables", "iptables-save", "iptables-restore"} {
@@ -375,12 +379,13 @@ func (m *kubeProxyMode) unavailable(ctx context.Context, e *env) string {
 				return bin + " is not installed (Debian package iptables)"
 			}
 		}
-	case "nftables":
-		if _, err := exec.LookPath("nft"); err != nil {
-			return "nft is not installed (Debian package nftables)"
-		}
+		return iptablesUnavailable(e.topo.Edge)
 	case "ipvs":
-		return ipvsUnavailable(e)
+		if why := ipvsUnavailable(e); why != "" {
+			return why
+		}
+		// The IPVS mode masquerades and filters with iptables.
+		return iptablesUnavailable(e.topo.Edge)
 	}
 	return ""
 }
@@ -431,9 +436,12 @@ func (m *kubeProxyMode) detail() string {
 	return "kube-proxy " + k8sbin.KubernetesVersion + " " + strings.Join(m.args, " ")
 }
 
-// cleanup runs kube-proxy --cleanup, then removes the KUBE-* iptables
-// chains it leaves for the kubelet (KUBE-FIREWALL): the node has no kubelet,
-// and the next mode must find it as it was.
+// cleanup runs kube-proxy --cleanup, then deletes the netfilter tables
+// the edge node did not have before the first mode. kube-proxy removes its
+// rules and chains but keeps what the kubelet would use (KUBE-FIREWALL),
+// and iptables keeps every table it made (ip and ip6 filter, nat, mangle)
+// with its built-in chains, hooked into forwarding even when empty: the
+// next mode must find the node as it was.
 func (m *kubeProxyMode) cleanup(ctx context.Context, e *env) error {
 	out, err := e.topo.Edge.Exec(e.kubeProxy, "--cleanup", "--proxy-mode", m.proxyMode, "--v=0")
 	if err != nil {
@@ -441,28 +449,7 @@ func (m *kubeProxyMode) cleanup(ctx context.Context, e *env) error {
 		// this kernel lacks (IPVS); what matters is what is left.
 		e.log.Debug("kube-proxy --cleanup", "mode", m.proxyMode, "err", err, "output", out)
 	}
-	if _, err := exec.LookPath("iptables-save"); err != nil {
-		return nil
-	}
-	saved, err := e.topo.Edge.Exec("iptables-save")
-	if err != nil {
-		return fmt.Errorf("iptables-save: %w", err)
-	}
-	if !strings.Contains(saved, "KUBE-") {
-		return nil
-	}
-	var kept []string
-	for _, l := range strings.Split(saved, "\n") {
-		if !strings.Contains(l, "KUBE-") {
-			kept = append(kept, l)
-		}
-	}
-	cmd := e.topo.Edge.Command("iptables-restore")
-	cmd.Stdin = strings.NewReader(strings.Join(kept, "\n"))
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("remove leftover KUBE-* iptables chains: %w: %s", err, b)
-	}
-	return nil
+	return restoreNetfilter(e.topo.Edge, e.netfilter)
 }
 
 func (m *kubeProxyMode) start(ctx context.Context, e *env, set ServiceSet) error {

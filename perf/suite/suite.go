@@ -147,6 +147,15 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 			}
 		}
 	}()
+	if _, err := exec.LookPath("nft"); err == nil {
+		// What every mode must leave (nothing, in a new namespace).
+		if e.netfilter, err = readNetfilter(e.topo.Edge); err != nil {
+			return nil, fmt.Errorf("edge node's netfilter: %w", err)
+		}
+		if e.netfilter.ruleset != "" {
+			log.Warn("the edge node starts with netfilter rules; every mode must leave them as they are", "tables", e.netfilter.tables)
+		}
+	}
 	if e.gen, err = traffic.NewGenerator(e.topo.Gen, "eth0"); err != nil {
 		return nil, err
 	}
@@ -485,10 +494,12 @@ func (e *env) choosePktgen(cfg Config) error {
 	case "", "auto", "pktgen":
 		ok, why := traffic.PktgenAvailable(e.topo.Gen)
 		if !ok {
+			why = pktgenWhy(kernelConfig("CONFIG_NET_PKTGEN"), why)
 			if cfg.Generator == "pktgen" {
 				return errors.New("pktgen requested: " + why)
 			}
 			e.log.Info("using the BPF live-frames generator", "pktgen", why)
+			e.noPktgen = why
 			return nil
 		}
 		script := filepath.Join(cfg.RepoRoot, "perf", "pktgen", "pktgen.sh")
@@ -497,9 +508,22 @@ func (e *env) choosePktgen(cfg Config) error {
 		e.log.Info("using kernel pktgen; flows are UDP")
 		return nil
 	case "bpf":
+		e.noPktgen = "-generator bpf chose the BPF generator"
 		return nil
 	}
 	return fmt.Errorf("generator %q: want auto, bpf or pktgen", cfg.Generator)
+}
+
+// pktgenWhy says why pktgen is missing, from the kernel's CONFIG_NET_PKTGEN
+// (y, m, n or "" when unknown) where that says more than the check did.
+func pktgenWhy(config, checked string) string {
+	switch config {
+	case "n":
+		return "pktgen is not built into this kernel (CONFIG_NET_PKTGEN is not set)"
+	case "m":
+		return "the pktgen module is not loaded (modprobe pktgen to use it)"
+	}
+	return checked
 }
 
 // xdplbBinary returns the xdplb binary to test, building it if needed.

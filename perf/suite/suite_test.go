@@ -318,3 +318,17 @@ func TestAddReference(t *testing.T) {
 		t.Errorf("10k step without new flows: %+v, want no reference", got)
 	}
 }
+
+func TestPktgenWhy(t *testing.T) {
+	checked := "/proc/net/pktgen does not exist"
+	for config, want := range map[string]string{
+		"n": "pktgen is not built into this kernel (CONFIG_NET_PKTGEN is not set)",
+		"m": "the pktgen module is not loaded (modprobe pktgen to use it)",
+		"y": checked,
+		"":  checked,
+	} {
+		if got := pktgenWhy(config, checked); got != want {
+			t.Errorf("pktgenWhy(%q) = %q, want %q", config, got, want)
+		}
+	}
+}

@@ -109,6 +109,7 @@ func (r *Report) Markdown(svg string) string {
 		{"NIC driver", m.NICDriver},
 		{"XDP mode", m.XDPMode},
 		{"generator", fmt.Sprintf("%s, %d thread(s), %d-byte frames", m.Generator, m.Threads, m.FrameBytes)},
+		{"kernel pktgen", notUsed(m.NoPktgen)},
 		{"load average at start", m.LoadAverage},
 		{"xdplb", m.XDPLB},
 		{"kube-proxy", m.KubeProxy},
@@ -293,4 +294,12 @@ func sortedKeys(m map[string]uint64) []string {
 func mdEscape(s string) string {
 	s = strings.ReplaceAll(s, "|", "\\|")
 	return strings.ReplaceAll(s, "\n", " ")
+}
+
+// notUsed is "not used: why", or "" without a reason.
+func notUsed(why string) string {
+	if why == "" {
+		return ""
+	}
+	return "not used: " + why
 }

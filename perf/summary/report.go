@@ -33,13 +33,16 @@ var ModeOrder = []string{ModeBaseline, ModeXDPLB, ModeXDPLBTC, ModeKPIPTables, M
 
 // Machine is what the figures were measured on.
 type Machine struct {
-	Kernel      string   `json:"kernel"`
-	CPU         string   `json:"cpu"`
-	CPUs        int      `json:"cpus"`
-	MemoryGiB   float64  `json:"memory_gib"`
-	NICDriver   string   `json:"nic_driver"`
-	XDPMode     string   `json:"xdp_mode"`
-	Generator   string   `json:"generator"`
+	Kernel    string  `json:"kernel"`
+	CPU       string  `json:"cpu"`
+	CPUs      int     `json:"cpus"`
+	MemoryGiB float64 `json:"memory_gib"`
+	NICDriver string  `json:"nic_driver"`
+	XDPMode   string  `json:"xdp_mode"`
+	Generator string  `json:"generator"`
+	// NoPktgen says why kernel pktgen was not the generator ("" when it
+	// was).
+	NoPktgen    string   `json:"pktgen_unavailable,omitempty"`
 	GoVersion   string   `json:"go_version"`
 	KubeProxy   string   `json:"kube_proxy,omitempty"`
 	XDPLB       string   `json:"xdplb,omitempty"`

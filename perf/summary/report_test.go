@@ -172,6 +172,7 @@ func TestComputeTargets(t *testing.T) {
 
 func TestMarkdown(t *testing.T) {
 	r := sample()
+	r.Machine.NoPktgen = "/proc/net/pktgen does not exist"
 	r.Results = append(r.Results, Result{Mode: ModeXDPLB, Scenario: "new-remote", Services: 100000, Error: "start: agent | died"})
 	r.Results[5].Exhaustion = &Exhaustion{Detected: true, ForwardedBefore: 64000, MppsBefore: 0.1, AfterSeconds: 0.6}
 	r.SortResults()
@@ -188,10 +189,14 @@ func TestMarkdown(t *testing.T) {
 		"error: start: agent \\| died",
 		"![Forwarded Mpps",
 		"| kernel | 6.18 |",
+		"| kernel pktgen | not used: /proc/net/pktgen does not exist |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
+	}
+	if md := sample().Markdown(""); strings.Contains(md, "pktgen") {
+		t.Errorf("a run with pktgen (no reason against it) mentions it:\n%s", md)
 	}
 	// Rows come in service-count order.
 	if strings.Index(md, "**Forwarded Mpps, 1 Service(s)**") > strings.Index(md, "**Forwarded Mpps, 10k Service(s)**") {

@@ -57,7 +57,9 @@ type Spec struct {
 
 	// Computed flows: flow i comes from Src + (i / SrcPorts) % SrcAddrs,
 	// port SrcPortMin + i % SrcPorts, and goes to Dst + (i % DstAddrs) *
-	// DstStride, port DstPort.
+	// DstStride, port DstPort. New flows (Flows 0) take their destination
+	// from the sending CPU's own frame count instead (see FrameTuple), so
+	// every sending thread reaches every destination.
 	Src        netip.Addr
 	SrcAddrs   uint32 // default 1
 	SrcPortMin uint16 // default 1024
@@ -185,7 +187,26 @@ func (s Spec) Tuple(i uint64) Tuple {
 	}
 }
 
-// DistinctFlows is how many different tuples the spec produces.
+// FrameTuple returns the tuple xdp_gen gives the seq-th frame (counting
+// from 0) it generates on CPU cpu, with slots CPU slots (the possible
+// CPUs). A fixed set of flows is cycled through from an offset per CPU;
+// new flows interleave the CPUs' sequences in the flow number (so no two
+// frames of any CPUs share a source address and port until the sequence
+// wraps) and take their destination from seq itself, so one CPU's frames
+// go to every destination in turn.
+func (s Spec) FrameTuple(seq uint64, cpu, slots int) Tuple {
+	s = s.withDefaults()
+	if len(s.Tuples) > 0 || s.Flows != 0 {
+		return s.Tuple(seq + uint64(cpu))
+	}
+	t := s.Tuple(seq*uint64(max(slots, 1)) + uint64(cpu))
+	t.Dst = addr4(ipv4(s.Dst) + uint32(seq%uint64(s.DstAddrs))*s.DstStride)
+	return t
+}
+
+// DistinctFlows is how many tuples a fixed set of flows cycles through, or
+// how many new flows (distinct source addresses and ports) the spec gives
+// before its sequence wraps.
 func (s Spec) DistinctFlows() uint64 {
 	s = s.withDefaults()
 	if len(s.Tuples) > 0 {

@@ -2,6 +2,7 @@ package traffic
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/xdplb/xdplb/tests/packet"
 	"github.com/xdplb/xdplb/tests/testenv"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 var (
@@ -191,11 +193,15 @@ func TestGeneratorRewritesEveryHeader(t *testing.T) {
 			if err := g.Configure(s); err != nil {
 				t.Fatal(err)
 			}
-			all := map[Tuple]bool{}
+			// A new flow's source comes from the spec's sources, its
+			// destination from its destinations (which one depends on
+			// the CPU's sequence: the destinations subtest checks that).
+			sources, dsts := map[netip.AddrPort]bool{}, map[netip.Addr]bool{}
 			for i := uint64(0); i < s.DistinctFlows(); i++ {
-				all[s.Tuple(i)] = true
+				tp := s.Tuple(i)
+				sources[netip.AddrPortFrom(tp.Src, tp.SrcPort)], dsts[tp.Dst] = true, true
 			}
-			seen := map[Tuple]bool{}
+			seen := map[netip.AddrPort]bool{}
 			// New flows: as many frames as the spec has tuples per CPU slot.
 			frames := int(s.DistinctFlows()) / g.slots
 			if frames == 0 {
@@ -207,16 +213,69 @@ func TestGeneratorRewritesEveryHeader(t *testing.T) {
 					t.Fatal(err)
 				}
 				tp := decodeFrame(t, s, frame)
-				if !all[tp] {
+				src := netip.AddrPortFrom(tp.Src, tp.SrcPort)
+				if !sources[src] || !dsts[tp.Dst] || tp.DstPort != s.DstPort {
 					t.Fatalf("frame %d carries %v, not a flow of the spec", i, tp)
 				}
-				if seen[tp] {
-					t.Fatalf("frame %d repeats flow %v", i, tp)
+				if seen[src] {
+					t.Fatalf("frame %d repeats the source of an earlier flow: %v", i, tp)
 				}
-				seen[tp] = true
+				seen[src] = true
 			}
 		})
 	}
+
+	// One sending thread must reach every destination, and frames of
+	// different CPUs must still be different flows.
+	t.Run("destinations", func(t *testing.T) {
+		cpus, err := allowedCPUs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newFlows()
+		s.SrcPorts, s.DstAddrs, s.DstStride = 1000, 16, 7
+		if err := g.Configure(s); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[Tuple]bool{}
+		sources := map[netip.AddrPort]bool{}
+		for k, cpu := range cpus[:min(len(cpus), 2)] {
+			dsts := map[netip.Addr]bool{}
+			for i := 0; i < 3*int(s.DstAddrs); i++ {
+				var frame []byte
+				var seq uint64
+				err := pinned(cpu, func() error {
+					var err error
+					if seq, err = g.cpuSeq(cpu); err != nil {
+						return err
+					}
+					frame, err = g.Once()
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tp := decodeFrame(t, s, frame)
+				if want := s.FrameTuple(seq, cpu, g.slots); tp != want {
+					t.Fatalf("CPU %d, frame %d of its sequence: %v, want %v", cpu, seq, tp, want)
+				}
+				src := netip.AddrPortFrom(tp.Src, tp.SrcPort)
+				if seen[tp] || sources[src] {
+					t.Fatalf("CPU %d repeats flow %v (thread %d)", cpu, tp, k)
+				}
+				seen[tp], sources[src] = true, true
+				dsts[tp.Dst] = true
+			}
+			if len(dsts) != int(s.DstAddrs) {
+				t.Errorf("one thread on CPU %d reached %d of %d destinations", cpu, len(dsts), s.DstAddrs)
+			}
+			for j := uint32(0); j < s.DstAddrs; j++ {
+				if d := AddrAdd(s.Dst, j*s.DstStride); !dsts[d] {
+					t.Errorf("CPU %d never sent to %s", cpu, d)
+				}
+			}
+		}
+	})
 
 	t.Run("cycle", func(t *testing.T) {
 		s := newFlows()
@@ -261,4 +320,17 @@ func TestGeneratorRewritesEveryHeader(t *testing.T) {
 			}
 		}
 	})
+}
+
+// cpuSeq is how many frames the generator has built on one CPU: the
+// sequence number of the next one there.
+func (g *Generator) cpuSeq(cpu int) (uint64, error) {
+	var per []xdp.BaselineGenState
+	if err := g.objs.GenCounters.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("read generator counters: %w", err)
+	}
+	if cpu >= len(per) {
+		return 0, fmt.Errorf("CPU %d: the generator counts %d CPUs", cpu, len(per))
+	}
+	return per[cpu].Seq, nil
 }
