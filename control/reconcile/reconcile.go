@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -1821,10 +1822,21 @@ type heirs struct {
 	to   map[string]string // removed port -> the new port that takes its id
 }
 
+// serviceOfKey is the namespace/name of the Service a port key (see
+// model.Service.Key) belongs to.
+func serviceOfKey(key string) string {
+	s := key[:max(strings.LastIndexByte(key, '/'), 0)]
+	if i := strings.IndexByte(s, ':'); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
+
 // heirs finds the ports new in this Apply (without a record, or one
 // without an id) that take over a frontend (address, port, protocol) of a
-// port the Apply removes: such a port keeps the removed port's service
-// id. A port key names the port (ns/web/TCP becomes ns/web:http/TCP once
+// port of the same Service the Apply removes: such a port keeps the
+// removed port's service id. (Another Service that takes the frontend
+// over gets an id of its own: counters and names are the Service's.) A port key names the port (ns/web/TCP becomes ns/web:http/TCP once
 // the Service has a second port), so a renamed port is removed and added;
 // with the id, its frontends, tables, source ranges, counters, ClientIP
 // affinity entries and tracked flows (all keyed by service id) carry on,
@@ -1858,7 +1870,7 @@ func (r *Reconciler) heirs(keys []string, byKey map[string]*model.Service) heirs
 		}
 		for _, f := range svc.Frontends {
 			from, ok := gone[frontendKey(f)]
-			if !ok || h.to[from] != "" {
+			if !ok || h.to[from] != "" || serviceOfKey(from) != svc.Namespace+"/"+svc.Name {
 				continue
 			}
 			if h.from == nil {

@@ -316,9 +316,9 @@ func TestPortsTakingOverRemovedFrontends(t *testing.T) {
 	})
 
 	t.Run("another Service on the same frontend", func(t *testing.T) {
-		// Flows are tracked by frontend, as kube-proxy's conntrack
-		// entries are: those of the address the new port takes over
-		// carry on.
+		// Counters and names are a Service's: another Service that
+		// takes the frontend over starts afresh, and the flows of the
+		// one removed end as when any Service goes.
 		dp := newDatapath(t)
 		r, _ := reconcile.New(dp, config(), nil)
 		before := web(a, shared)
@@ -327,11 +327,16 @@ func TestPortsTakingOverRemovedFrontends(t *testing.T) {
 		api := web(a)
 		api.Name = "api"
 		res := replace(t, r, false, []model.Service{before}, api)
-		if got, _ := frontend(t, dp, nodeIP, 30080); got.SvcID != fe.SvcID {
-			t.Errorf("%s has service id %d, want %d", api.Key(), got.SvcID, fe.SvcID)
+		got, _ := frontend(t, dp, nodeIP, 30080)
+		if got.SvcID == fe.SvcID {
+			t.Errorf("%s took service id %d of %s over", api.Key(), got.SvcID, before.Key())
 		}
-		if len(res.Departed) != 0 || len(res.RemovedBackends) != 1 {
-			t.Errorf("departed %+v, removed %v; want %s removed", res.Departed, res.RemovedBackends, shared.Addr)
+		if name := serviceNames(t, dp)[got.SvcID]; name != api.Key() {
+			t.Errorf("service id %d named %q, want %q", got.SvcID, name, api.Key())
+		}
+		if len(res.Departed) != 1 || res.Departed[0].SvcID != fe.SvcID || len(res.RemovedBackends) != 1 {
+			t.Errorf("departed %+v, removed %v; want %s departed from service port %d and %s removed",
+				res.Departed, res.RemovedBackends, a.Addr, fe.SvcID, shared.Addr)
 		}
 	})
 }
