@@ -17,10 +17,10 @@ import (
 
 // A frame of a VLAN reaches the TC program with its tag already taken out
 // of the frame and kept in the skb: the core does that before the ingress
-// hook, on every device. XDP sees the tag and leaves such a frame to the
+// hook, on every device. XDP leaves a frame that carries a tag to the
 // stack, and TC must too: served like untagged traffic and redirected,
 // the packet would leave on the backend's device tagged with the client's
-// VLAN. The program runs attached to the fixture's NIC here (a test run
+// VLAN. A priority tag (VLAN id 0) is untagged traffic, and served. The program runs attached to the fixture's NIC here (a test run
 // cannot give an skb a tag), with a capture on the far side of nic1.
 func TestTCLeavesVLANTaggedFramesToTheStack(t *testing.T) {
 	f := newFixture(t)
@@ -43,13 +43,15 @@ func TestTCLeavesVLANTaggedFramesToTheStack(t *testing.T) {
 	}
 	capture := openCapture(t, f, "p-nic1")
 
-	send := func(payload string, vlan uint16) {
+	// send sends a frame with the 802.1Q tag control information tci,
+	// or untagged when tci is negative.
+	send := func(payload string, tci int) {
 		t.Helper()
 		in := udpFrame(farClient, 5555, lbIP, 80, payload)
 		in.DstMAC = f.nic0MAC
 		frame := in.Bytes()
-		if vlan != 0 {
-			tag := []byte{0x81, 0x00, byte(vlan >> 8), byte(vlan)}
+		if tci >= 0 {
+			tag := []byte{0x81, 0x00, byte(tci >> 8), byte(tci)}
 			frame = append(append(append([]byte(nil), frame[:12]...), tag...), frame[12:]...)
 		}
 		if err := f.peer.Do(func() error {
@@ -69,7 +71,7 @@ func TestTCLeavesVLANTaggedFramesToTheStack(t *testing.T) {
 	}
 
 	// Untagged, the frame is served: it leaves nic1 towards the backend.
-	send("untagged", 0)
+	send("untagged", -1)
 	got, ok := capture.next("untagged")
 	if !ok {
 		t.Fatal("the untagged frame did not reach the backend's side")
@@ -78,11 +80,18 @@ func TestTCLeavesVLANTaggedFramesToTheStack(t *testing.T) {
 		t.Fatalf("untagged frame left nic1 to %s, VLAN %d; want %s:53 untagged", got.dst, got.vlan, remotePod1)
 	}
 
+	// A priority tag (priority 5, VLAN id 0) marks untagged traffic: the
+	// frame is served all the same.
+	send("priority", 5<<13)
+	if got, ok := capture.next("priority"); !ok || got.dst != netip.AddrPortFrom(remotePod1, 53) || got.vlan != 0 {
+		t.Errorf("priority-tagged frame: left nic1 %v, to %s, VLAN %d; want it served like the untagged one", ok, got.dst, got.vlan)
+	}
+
 	// Tagged with VLAN 100, the same frame is left to the stack, which has
 	// no such VLAN here and drops it: nothing leaves nic1, nothing is
 	// translated.
 	before := f.counters()
-	send("tagged", 100)
+	send("tagged", 5<<13|100)
 	if got, ok := capture.next("tagged"); ok {
 		t.Errorf("the VLAN 100 frame was translated and left nic1 to %s with VLAN %d; want it left to the stack", got.dst, got.vlan)
 	}

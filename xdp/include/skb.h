@@ -26,9 +26,10 @@ static __always_inline enum parse_result skb_parse(struct __sk_buff *skb, struct
 	__u32 want = skb->len < SKB_HEADERS_LEN ? skb->len : SKB_HEADERS_LEN;
 
 	/* A VLAN's frame, its tag taken out of the frame into the skb before
-	 * the hook: XDP sees the tag and leaves it alone, and so does TC (a
-	 * redirect would carry the tag to the egress device). */
-	if (skb->vlan_present) {
+	 * the hook: left to the stack, as XDP leaves a frame that carries
+	 * its tag (a redirect would carry the tag to the egress device). A
+	 * priority tag (VLAN id 0) marks untagged traffic: served. */
+	if (skb->vlan_present && (skb->vlan_tci & 0x0fff)) {
 		pkt->len = skb->len;
 		return PARSE_NOT_IPV4;
 	}
