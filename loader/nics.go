@@ -97,7 +97,7 @@ func linkIfindex(l link.Link) (ifindex int, known bool) {
 
 // unpinLink removes a link's pin, which detaches its program unless
 // something else holds the link. A pin that does not open as a link (a
-// defunct one may not) is removed all the same.
+// map pinned under its name, say) is removed all the same.
 func unpinLink(path string) error {
 	l, err := link.LoadPinnedLink(path, nil)
 	if err != nil {

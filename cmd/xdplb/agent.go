@@ -305,8 +305,8 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		{"tcp-established-timeout", &opts.TCPEstablishedTimeout, time.Second, 7 * 24 * time.Hour},
 		{"tcp-transient-timeout", &opts.TCPTransientTimeout, time.Second, 7 * 24 * time.Hour},
 		{"udp-timeout", &opts.UDPTimeout, time.Second, 7 * 24 * time.Hour},
-		// Below half the health timeout: a change that arrives during a
-		// sync waits for the next, up to this long after it.
+		// At most half the health timeout: a change that arrives during
+		// a sync waits for the next, up to this long after it.
 		{"min-sync-period", nil, 0, cfg.HealthTimeout / 2},
 		{"sync-period", nil, time.Second, 24 * time.Hour},
 	} {

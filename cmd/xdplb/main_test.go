@@ -317,7 +317,7 @@ func agentCases(dir string) []flagCase {
 		{name: "cgroup-root a file of cgroup2", set: map[string]string{"cgroup-root": cgroupFile()}, flag: "cgroup-root", want: "not a directory"},
 		{name: "min-sync-period too long", set: map[string]string{"min-sync-period": "2m"}, flag: "min-sync-period"},
 		{name: "min-sync-period negative", set: map[string]string{"min-sync-period": "-1s"}, flag: "min-sync-period"},
-		{name: "min-sync-period half the health timeout", set: map[string]string{"min-sync-period": "31s"}, flag: "min-sync-period", want: "out of range"},
+		{name: "min-sync-period above half the health timeout", set: map[string]string{"min-sync-period": "31s"}, flag: "min-sync-period", want: "out of range"},
 		{name: "min-sync-period above sync-period", set: map[string]string{"min-sync-period": "20s", "sync-period": "10s"},
 			flag: "min-sync-period", want: "above --sync-period 10s"},
 		{name: "sync-period too short", set: map[string]string{"sync-period": "500ms"}, flag: "sync-period"},

@@ -68,7 +68,8 @@ func (a *Agent) watchPods(ctx context.Context) {
 	}
 }
 
-// forgetPinnedPods detaches every pod interface with a pinned link.
+// forgetPinnedPods detaches every pod interface the pins record (a pinned
+// link, or a clsact mark).
 func (a *Agent) forgetPinnedPods() {
 	pinned, err := loader.PodInterfaces(a.cfg.Datapath.PinRoot)
 	if err != nil {

@@ -38,8 +38,10 @@ func (p ProcSys) localReservedPorts() string { return p.file("ip_local_reserved_
 // Check reports whether p holds the files the agent uses.
 func (p ProcSys) Check() error {
 	for _, f := range []string{p.localPortRange(), p.localReservedPorts()} {
-		if _, err := os.Stat(f); err != nil {
+		if _, err := os.Stat(f); errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("no %s: not a /proc/sys", f)
+		} else if err != nil {
+			return err
 		}
 	}
 	return nil
