@@ -195,9 +195,7 @@ func (c *cluster) syncObjects(ctx context.Context, svcs []*corev1.Service, slice
 		return nil
 	})
 	if err != nil {
-		// What was written is not known exactly: the next sync writes
-		// every object again.
-		clear(c.have)
+		c.forget(want)
 		return err
 	}
 	for _, i := range write {
@@ -214,7 +212,7 @@ func (c *cluster) syncObjects(ctx context.Context, svcs []*corev1.Service, slice
 		return nil
 	})
 	if err != nil {
-		clear(c.have)
+		c.forget(want)
 		return err
 	}
 	for _, name := range remove {
@@ -223,6 +221,19 @@ func (c *cluster) syncObjects(ctx context.Context, svcs []*corev1.Service, slice
 	c.log.Info("Services in the API server", "services", len(c.have), "objects_created", created.Load(),
 		"objects_updated", updated.Load(), "services_deleted", len(remove), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// forget follows a sync that failed part-way: what it wrote is not known
+// exactly. Every name the API may hold now (known before, or wanted by the
+// sync) stays known, so a later sync can delete it, with digests that
+// match no object, so a later sync writes it again.
+func (c *cluster) forget(want map[string]objectDigests) {
+	for name := range c.have {
+		c.have[name] = objectDigests{}
+	}
+	for name := range want {
+		c.have[name] = objectDigests{}
+	}
 }
 
 // writes counts the objects a write created and updated.

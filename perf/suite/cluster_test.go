@@ -49,8 +49,8 @@ func TestClusterSync(t *testing.T) {
 		checkAPI(ctx, t, c, svcs, slices)
 	}
 
-	// A Service whose spec changed is replaced as well, and one that
-	// someone else deleted comes back.
+	// A Service whose spec changed is replaced as well, and a changed
+	// EndpointSlice that someone else deleted comes back.
 	svcs, slices := steps[len(steps)-1].Objects()
 	svcs[3].Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	if err := c.client.DiscoveryV1().EndpointSlices(defaultNS).Delete(ctx, slices[5].Name, metav1.DeleteOptions{}); err != nil {
@@ -60,6 +60,20 @@ func TestClusterSync(t *testing.T) {
 	if err := c.syncObjects(ctx, svcs, slices); err != nil {
 		t.Fatal(err)
 	}
+	checkAPI(ctx, t, c, svcs, slices)
+
+	// A sync that fails part-way (the API refuses one Service) leaves
+	// the next one able to delete what either sync wrote.
+	bad, badSlices := ServiceSet{Count: 40, Targets: 16, Backends: 3}.Objects()
+	bad[39].Spec.Ports[0].Port = 0
+	if err := c.syncObjects(ctx, bad, badSlices); err == nil {
+		t.Fatal("a sync with an invalid Service succeeded")
+	}
+	one := ServiceSet{Count: 1, Targets: 1, Backends: 3}
+	if err := c.sync(ctx, one); err != nil {
+		t.Fatal(err)
+	}
+	svcs, slices = one.Objects()
 	checkAPI(ctx, t, c, svcs, slices)
 }
 
