@@ -63,6 +63,23 @@ func CheckPinned(pinRoot string) error {
 	return nil
 }
 
+// OtherSchemaVersions lists the pin directories under pinRoot of schema
+// versions other than this build's (see SchemaVersion): pins of an xdplb
+// of another version, which this one neither reads nor removes.
+func OtherSchemaVersions(pinRoot string) []string {
+	entries, err := os.ReadDir(filepath.Dir(Dir(pinRoot)))
+	if err != nil {
+		return nil
+	}
+	var others []string
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != SchemaVersion {
+			others = append(others, e.Name())
+		}
+	}
+	return others
+}
+
 func nothingPinned(pinRoot string) error {
 	return fmt.Errorf("no xdplb datapath pinned under %s (is the agent running with this --bpffs-root?)", pinRoot)
 }

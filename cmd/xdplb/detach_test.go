@@ -78,3 +78,23 @@ func TestDetachWithNothingPinnedTouchesNothing(t *testing.T) {
 		t.Errorf("%s was created (%v)", root, err)
 	}
 }
+
+// Pins of another schema version (an xdplb of another version pinned
+// them) are not this version's to remove, nor are they nothing: detach
+// fails and names them.
+func TestDetachNamesPinsOfAnotherVersion(t *testing.T) {
+	cleanEnv(t)
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "xdplb", "v0", "maps"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r := runIn(t, nil, "detach", "--bpffs-root", root)
+	want := "xdplb: nothing pinned under " + root + " by this version (schema v1), but pins of schema v0 are: " +
+		"detach them with the xdplb that pinned them\n"
+	if r.code != exitFailure || r.stderr != want {
+		t.Errorf("detach with another version's pins: exit %d, stderr %q; want 1 and %q", r.code, r.stderr, want)
+	}
+	if _, err := os.Stat(filepath.Join(root, "xdplb", "v0", "maps")); err != nil {
+		t.Errorf("the other version's pins: %v", err)
+	}
+}

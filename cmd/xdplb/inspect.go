@@ -101,6 +101,10 @@ func detachCommand() *cli.Command {
 			// clsact fallback carry the same names under every pin root,
 			// and those of an agent on another root must stay.
 			if loader.CheckPinned(root) != nil {
+				if others := loader.OtherSchemaVersions(root); len(others) > 0 {
+					return fmt.Errorf("nothing pinned under %s by this version (schema %s), but pins of schema %s are: "+
+						"detach them with the xdplb that pinned them", root, loader.SchemaVersion, strings.Join(others, ", "))
+				}
 				fmt.Fprintf(c.App.Writer, "nothing pinned under %s: nothing to detach\n", root)
 				return nil
 			}
