@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -12,6 +13,7 @@ import (
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/control/model"
 	"github.com/xdplb/xdplb/control/reconcile"
+	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/xdp"
 )
 
@@ -419,5 +421,218 @@ func TestRenameKeepsSNATFlows(t *testing.T) {
 	}
 	if live[shared.Addr] {
 		t.Errorf("the flow to %s, which left the port, was not ended", shared.Addr)
+	}
+}
+
+// A renamed port that does not fit (its frontends, or its source ranges,
+// do not fit in what the maps leave) is refused like any new port: it
+// is not programmed and the id of the port it would have taken over goes
+// with that port. So the id is freed and its name deleted, every backend
+// of the removed port is reported departed from it (or removed), the
+// id's frontends, tables and ranges are gone, and once there is room a
+// full Apply programs the port under an id named for its new key.
+func TestRefusedRenameFreesTheServiceID(t *testing.T) {
+	// extra are the frontend and the source ranges the renamed port adds.
+	extra := model.Frontend{Addr: netip.MustParseAddr("198.18.9.1"), Port: 80, Protocol: model.TCP, Kind: model.ExternalIP}
+	ranges := func(from, n int) []netip.Prefix {
+		var out []netip.Prefix
+		for i := range n {
+			out = append(out, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 9, byte(from + i), 0}), 24))
+		}
+		return out
+	}
+	cases := []struct {
+		name   string
+		resize func(*loader.Options)
+		// filler takes the room the renamed port needs; before is the
+		// port, after its renamed version, which does not fit.
+		filler        model.Service
+		before, after func(model.Service) model.Service
+	}{
+		{
+			name:   "frontends",
+			resize: func(o *loader.Options) { o.FrontendsMax = frontendsMax },
+			filler: fePort("filler", 1, frontendsMax-3), // web has 3
+			before: func(s model.Service) model.Service { return s },
+			after: func(s model.Service) model.Service {
+				s.Frontends = append(slices.Clone(s.Frontends), extra)
+				return s
+			},
+		},
+		{
+			name:   "source ranges",
+			resize: func(o *loader.Options) { o.SourceRangesMax = sourceRangesMax },
+			filler: rangedPort("filler", 1, sourceRangesMax-2, 0),
+			before: func(s model.Service) model.Service {
+				s.SourceRangesSet, s.SourceRanges = true, ranges(0, 2)
+				return s
+			},
+			after: func(s model.Service) model.Service {
+				s.SourceRangesSet, s.SourceRanges = true, ranges(0, 4)
+				return s
+			},
+		},
+	}
+	for _, c := range cases {
+		for _, full := range []bool{false, true} {
+			t.Run(c.name+"/"+map[bool]string{false: "changes", true: "full"}[full], func(t *testing.T) {
+				dp := newDatapath(t, c.resize)
+				r, err := reconcile.New(dp, config(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// shared is the filler's endpoint too: it stays in use.
+				a, b, shared := ep("10.244.3.10", false, true), ep("10.244.3.20", true, true), ep("10.244.1.10", false, true)
+				before := c.before(web(a, b, shared))
+				before.ExternalTrafficPolicyLocal = true // a node-local table too
+				if res := apply(t, r, c.filler, before); len(res.Problems) != 0 {
+					t.Fatalf("problems %q before the rename", res.Problems)
+				}
+				fes := frontendsOf(t, dp, before)
+				id := fes[dataplane.FrontendKey{Addr: nodeIP, Port: 30080, Proto: dataplane.TCP}].SvcID
+				fillerID := frontendsOf(t, dp, c.filler)[dataplane.FrontendKey{Addr: c.filler.Frontends[0].Addr,
+					Port: c.filler.Frontends[0].Port, Proto: dataplane.TCP}].SvcID
+				var tables []uint32
+				for _, fe := range fes {
+					for _, tid := range []uint32{fe.TableID, fe.InternalTableID} {
+						if tid != 0 && !slices.Contains(tables, tid) {
+							tables = append(tables, tid)
+						}
+					}
+				}
+				if len(tables) != 2 {
+					t.Fatalf("tables %v, want the cluster-wide and the node-local one", tables)
+				}
+
+				after := named("http", a, b, shared)
+				after.ExternalTrafficPolicyLocal = true
+				after = c.after(after)
+				res := replace(t, r, full, []model.Service{before}, c.filler, after)
+				if len(res.Problems) != 1 || !strings.Contains(res.Problems[0], after.Key()) || res.WaitingForRoom != 1 {
+					t.Fatalf("problems %q, %d waiting for room; want %s refused for room", res.Problems, res.WaitingForRoom, after.Key())
+				}
+				refusedState(t, dp, r, res, id, fillerID, c.filler, tables, before.Endpoints)
+
+				// Nothing changes while there is no room: the id stays free.
+				res = apply(t, r, c.filler, after)
+				if res.WaitingForRoom != 1 || len(res.Departed) != 0 {
+					t.Errorf("again: %d waiting for room, departed %+v; want %s refused, nothing departed",
+						res.WaitingForRoom, res.Departed, after.Key())
+				}
+				if names := serviceNames(t, dp); !maps.Equal(names, map[uint32]string{fillerID: c.filler.Key()}) {
+					t.Errorf("service names %v, want only %d named %s", names, fillerID, c.filler.Key())
+				}
+
+				// Room made: the port is programmed, under an id named for
+				// its new key.
+				res = apply(t, r, after)
+				if len(res.Problems) != 0 || res.WaitingForRoom != 0 || res.ServicePorts != 1 {
+					t.Fatalf("after making room: problems %q, %d waiting, %d ports programmed", res.Problems, res.WaitingForRoom, res.ServicePorts)
+				}
+				now := frontendsOf(t, dp, after)
+				newID := now[dataplane.FrontendKey{Addr: nodeIP, Port: 30080, Proto: dataplane.TCP}].SvcID
+				if newID == 0 {
+					t.Fatal("the renamed port has service id 0")
+				}
+				for k, fe := range now {
+					if fe.SvcID != newID || fe.TableID == 0 {
+						t.Errorf("frontend %v: %+v, want service id %d and a table", k, fe, newID)
+					}
+				}
+				if names := serviceNames(t, dp); !maps.Equal(names, map[uint32]string{newID: after.Key()}) {
+					t.Errorf("service names %v, want %d named %s", names, newID, after.Key())
+				}
+				if c.after(model.Service{}).SourceRangesSet {
+					srs, err := dp.SourceRanges()
+					if err != nil {
+						t.Fatal(err)
+					}
+					var got []netip.Prefix
+					for _, sr := range srs {
+						if sr.SvcID != newID {
+							t.Errorf("source range %v, want only service %d's", sr, newID)
+						}
+						got = append(got, sr.Prefix)
+					}
+					slices.SortFunc(got, netip.Prefix.Compare)
+					if !slices.Equal(got, after.SourceRanges) {
+						t.Errorf("source ranges %v, want %v", got, after.SourceRanges)
+					}
+				}
+				consistent(t, dp)
+				// The ClusterIP's table is the cluster-wide one (the
+				// NodePort's, under the Local policy, the node-local one).
+				tid := now[dataplane.FrontendKey{Addr: clusterIP, Port: 80, Proto: dataplane.TCP}].TableID
+				inTable := map[netip.Addr]bool{}
+				for _, addr := range tableBackends(t, dp, tid) {
+					inTable[addr] = true
+				}
+				if !maps.Equal(inTable, map[netip.Addr]bool{a.Addr: true, b.Addr: true, shared.Addr: true}) {
+					t.Errorf("table %d holds %v, want %s, %s and %s", tid, slices.Collect(maps.Keys(inTable)), a.Addr, b.Addr, shared.Addr)
+				}
+			})
+		}
+	}
+}
+
+// refusedState checks the maps and res after the rename of the port with
+// service id id (its tables, its endpoints eps) was refused: only the
+// filler (fillerID) is left, and every endpoint departed from id or was
+// removed.
+func refusedState(t *testing.T, dp *dataplane.Dataplane, r *reconcile.Reconciler, res reconcile.Result,
+	id, fillerID uint32, filler model.Service, tables []uint32, eps []model.Endpoint) {
+	t.Helper()
+	if names := serviceNames(t, dp); !maps.Equal(names, map[uint32]string{fillerID: filler.Key()}) {
+		t.Errorf("service names %v, want only %d named %s (the id of the port removed freed)", names, fillerID, filler.Key())
+	}
+	all, err := dp.Frontends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, fe := range all {
+		if fe.SvcID != fillerID {
+			t.Errorf("frontend %v of service %d in the map, want only the filler's (%d)", k, fe.SvcID, fillerID)
+		}
+	}
+	srs, err := dp.SourceRanges()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range srs {
+		if sr.SvcID == id {
+			t.Errorf("source range %v of the freed id in the map", sr)
+		}
+	}
+	ids, err := dp.TableIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tid := range ids {
+		if slices.Contains(tables, tid) || (tid+1)/2 == id {
+			t.Errorf("table %d of the freed id %d still in the map", tid, id)
+		}
+	}
+	removed := map[netip.Addr]bool{}
+	for _, b := range res.RemovedBackends {
+		removed[b.Addr] = true
+	}
+	departed := map[netip.Addr]bool{}
+	for _, d := range res.Departed {
+		if d.SvcID != id || d.AffinityOnly {
+			t.Errorf("departure %+v, want one from service port %d", d, id)
+		}
+		if !r.StillDeparted(d) {
+			t.Errorf("departure %+v does not hold right after it", d)
+		}
+		departed[d.Backend.Addr] = true
+	}
+	for _, e := range eps {
+		if departed[e.Addr] == removed[e.Addr] {
+			t.Errorf("backend %s departed %v, removed %v; want one of them (departed %+v, removed %v)",
+				e.Addr, departed[e.Addr], removed[e.Addr], res.Departed, res.RemovedBackends)
+		}
+	}
+	if shared := filler.Endpoints[0].Addr; !departed[shared] {
+		t.Errorf("%s, still the filler's, not reported departed from %d: %+v", shared, id, res.Departed)
 	}
 }
