@@ -53,20 +53,21 @@ func attachClsact(ifindex int, prog *ebpf.Program, dir tcDirection) error {
 // other tools may use it.
 func detachClsact(ifindex int) error {
 	for _, dir := range []tcDirection{tcIngress, tcEgress} {
-		if err := detachClsactFilter(ifindex, dir); err != nil {
+		if err := detachClsactFilter(ifindex, dir, netlink.FilterDel); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// detachClsactFilter removes our filter on one hook, if present.
-func detachClsactFilter(ifindex int, dir tcDirection) error {
+// detachClsactFilter removes our filter on one hook, if present, with del
+// (netlink.FilterDel).
+func detachClsactFilter(ifindex int, dir tcDirection, del func(netlink.Filter) error) error {
 	f, err := clsactFilter(ifindex, dir)
 	if err != nil || f == nil {
 		return err
 	}
-	return netlink.FilterDel(f)
+	return del(f)
 }
 
 // clsactFilter returns our filter on one hook; nil if there is none (or
@@ -106,7 +107,7 @@ func (d *Datapath) rememberClsact(ifindex int, dir tcDirection, what string) err
 	}
 	d.onRevert(what, prev, func() error {
 		if prev == nil {
-			return detachClsactFilter(ifindex, dir)
+			return detachClsactFilter(ifindex, dir, d.opts.faults.filterDel)
 		}
 		return attachClsact(ifindex, prev, dir)
 	})

@@ -1,6 +1,9 @@
 package loader
 
-import "github.com/cilium/ebpf"
+import (
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+)
 
 // SetXDPProgram makes AttachNIC attach prog as the XDP program.
 func (d *Datapath) SetXDPProgram(prog *ebpf.Program) { d.nic = prog }
@@ -21,6 +24,12 @@ func WithMemlockError(opts Options, err error) Options {
 // without tcx: through clsact.
 func WithoutTCX(opts Options) Options {
 	return withFaults(opts, func(f *faults) { f.noTCX = true })
+}
+
+// WithFilterDel returns opts whose Revert removes the clsact filters it
+// put on through del instead of netlink.FilterDel.
+func WithFilterDel(opts Options, del func(netlink.Filter) error) Options {
+	return withFaults(opts, func(f *faults) { f.delFilter = del })
 }
 
 // withFaults returns opts with a copy of its faults changed by set.

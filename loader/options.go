@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
 )
 
 // DefaultPinRoot is where bpffs is mounted on a normal host.
@@ -55,6 +56,7 @@ type faults struct {
 	liftMemlock func() error                // rlimit.RemoveMemlock
 	renamePin   func(from, to string) error // os.Rename, moving pinned maps into place
 	noTCX       bool                        // link.AttachTCX fails as on a kernel without tcx
+	delFilter   func(netlink.Filter) error  // netlink.FilterDel, as Revert removes a clsact filter
 }
 
 func (f *faults) removeMemlock() error {
@@ -69,6 +71,13 @@ func (f *faults) attachTCX(opts link.TCXOptions) (link.Link, error) {
 		return nil, fmt.Errorf("attach tcx: %w", ebpf.ErrNotSupported)
 	}
 	return link.AttachTCX(opts)
+}
+
+func (f *faults) filterDel(filter netlink.Filter) error {
+	if f != nil && f.delFilter != nil {
+		return f.delFilter(filter)
+	}
+	return netlink.FilterDel(filter)
 }
 
 func (f *faults) rename(from, to string) error {

@@ -47,6 +47,18 @@ func (d *Datapath) AttachPod(ifname string) error {
 		return fmt.Errorf("pod interface %s: %w", ifname, err)
 	}
 	ifindex := dev.Attrs().Index
+	// The mark's step is recorded before the attaches, so that Revert
+	// (latest first) comes to it after it put back their filters; and it
+	// keeps the mark while a filter of ours is left on the device: one
+	// without its mark is listed by nothing, so never forgotten.
+	marked := false
+	mark := clsactPodMark(d.opts.PinRoot, ifname)
+	d.onRevert("pod interface "+ifname+" clsact mark", nil, func() error {
+		if !marked {
+			return nil
+		}
+		return removeMarkUnlessFiltered(mark, ifindex)
+	})
 	for _, h := range []struct {
 		prog *ebpf.Program
 		path string
@@ -60,30 +72,45 @@ func (d *Datapath) AttachPod(ifname string) error {
 			return err
 		}
 		if mode == "clsact" {
-			if err := d.markClsactPod(ifname); err != nil {
+			made, err := markClsactPod(d.opts.PinRoot, ifname)
+			if err != nil {
 				return fmt.Errorf("pod interface %s: %w", ifname, err)
 			}
+			marked = marked || made
 		}
 	}
 	return nil
 }
 
-// markClsactPod marks a pod interface attached through clsact; before
-// CommitPins, a mark it makes is recorded for Revert to remove.
-func (d *Datapath) markClsactPod(ifname string) error {
-	if err := os.MkdirAll(clsactPodsDir(d.opts.PinRoot), 0o700); err != nil {
-		return fmt.Errorf("mark as attached through clsact: %w", err)
+// markClsactPod marks a pod interface attached through clsact; made says
+// whether the mark is new.
+func markClsactPod(pinRoot, ifname string) (made bool, err error) {
+	if err := os.MkdirAll(clsactPodsDir(pinRoot), 0o700); err != nil {
+		return false, fmt.Errorf("mark as attached through clsact: %w", err)
 	}
-	mark := clsactPodMark(d.opts.PinRoot, ifname)
-	err := os.Mkdir(mark, 0o700)
+	err = os.Mkdir(clsactPodMark(pinRoot, ifname), 0o700)
 	if errors.Is(err, os.ErrExist) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return fmt.Errorf("mark as attached through clsact: %w", err)
+		return false, fmt.Errorf("mark as attached through clsact: %w", err)
 	}
-	d.onRevert("pod interface "+ifname+" clsact mark", nil, func() error { return removeMark(mark) })
-	return nil
+	return true, nil
+}
+
+// removeMarkUnlessFiltered removes the clsact mark of a pod interface
+// unless a filter of ours is left on either hook of the device.
+func removeMarkUnlessFiltered(mark string, ifindex int) error {
+	for _, dir := range []tcDirection{tcIngress, tcEgress} {
+		f, err := clsactFilter(ifindex, dir)
+		if err != nil {
+			return fmt.Errorf("keep mark %s: list TC filters: %w", mark, err)
+		}
+		if f != nil {
+			return nil
+		}
+	}
+	return removeMark(mark)
 }
 
 func removeMark(path string) error {

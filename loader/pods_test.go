@@ -109,30 +109,7 @@ func TestForgetPodRemovesClsactFilters(t *testing.T) {
 	ns.IP("addr", "add", "192.0.2.1/24", "dev", "x0")
 	root := testenv.BPFFS(t)
 	opts := loader.WithoutTCX(smallOptions(root))
-	// Our filters on the interface, both hooks; runs in the namespace's
-	// thread, so failures are returned.
-	filters := func(ifname string) (int, error) {
-		dev, err := netlink.LinkByName(ifname)
-		if err != nil {
-			return 0, err
-		}
-		n := 0
-		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-			list, err := netlink.FilterList(dev, parent)
-			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
-				continue // no clsact qdisc
-			}
-			if err != nil {
-				return 0, err
-			}
-			for _, f := range list {
-				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "xdplb_") {
-					n++
-				}
-			}
-		}
-		return n, nil
-	}
+	filters := xdplbFilters
 	expect := func(when string, pods []string, filtersOn map[string]int) error {
 		got, err := loader.PodInterfaces(root)
 		if err != nil {
@@ -192,6 +169,131 @@ func TestForgetPodRemovesClsactFilters(t *testing.T) {
 			return err
 		}
 		return expect("forgotten", nil, map[string]int{"vpod.1": 0, "x0": 2})
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// xdplbFilters counts our clsact filters on the interface, both hooks.
+// It runs in a namespace's thread, so failures are returned.
+func xdplbFilters(ifname string) (int, error) {
+	dev, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		list, err := netlink.FilterList(dev, parent)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			continue // no clsact qdisc
+		}
+		if err != nil {
+			return 0, err
+		}
+		for _, f := range list {
+			if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "xdplb_") {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// A failed start that attached a pod interface through clsact, and could
+// not remove one of the filters it put on it, keeps the interface's mark:
+// PodInterfaces still lists it, so that it is forgotten later (a filter
+// without its mark would be listed by nothing). The filter removed and
+// the mark go when both are removed.
+func TestFailedStartKeepsTheClsactMarkOfAFilterLeft(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	ns := testenv.NewNetns(t, "cmark")
+	peer := testenv.NewNetns(t, "cmarkp")
+	testenv.Veth(t, ns, "vpod.1", peer, "p1")
+	testenv.Veth(t, ns, "vpod.2", peer, "p2")
+	testenv.Veth(t, ns, "vpod.3", peer, "p3")
+	root := testenv.BPFFS(t)
+	opts := loader.WithoutTCX(smallOptions(root))
+	errInjected := errors.New("injected")
+	// Runs in the namespace's thread: failures are returned.
+	if err := ns.Do(func() error {
+		var listed []string
+		for _, tc := range []struct {
+			pod string
+			// failOn is the hook whose filter Revert cannot remove; 0: none.
+			failOn uint32
+		}{
+			{"vpod.1", netlink.HANDLE_MIN_INGRESS},
+			{"vpod.2", netlink.HANDLE_MIN_EGRESS},
+			{"vpod.3", 0},
+		} {
+			faulty := loader.WithFilterDel(opts, func(f netlink.Filter) error {
+				if f.Attrs().Parent == tc.failOn {
+					return errInjected
+				}
+				return netlink.FilterDel(f)
+			})
+			failing, err := loader.Load(faulty, nil)
+			if err != nil {
+				return err
+			}
+			if err := failing.AttachPod(tc.pod); err != nil {
+				failing.Close()
+				return err
+			}
+			err = failing.Revert()
+			failing.Close()
+			switch {
+			case tc.failOn == 0 && err != nil:
+				return fmt.Errorf("%s: Revert: %w", tc.pod, err)
+			case tc.failOn != 0 && !errors.Is(err, errInjected):
+				t.Errorf("%s: Revert = %v, want the injected error", tc.pod, err)
+			}
+			wantFilters := 0
+			if tc.failOn != 0 {
+				wantFilters = 1
+				listed = append(listed, tc.pod)
+			}
+			got, err := loader.PodInterfaces(root)
+			if err != nil {
+				return err
+			}
+			if !slices.Equal(got, listed) {
+				t.Errorf("%s reverted: PodInterfaces = %v, want %v", tc.pod, got, listed)
+			}
+			n, err := xdplbFilters(tc.pod)
+			if err != nil {
+				return err
+			}
+			if n != wantFilters {
+				t.Errorf("%s reverted: %d xdplb filters, want %d", tc.pod, n, wantFilters)
+			}
+		}
+
+		// The interfaces listed are forgotten: the filters left go, and
+		// their marks.
+		dp, err := loadertest.Load(opts, nil)
+		if err != nil {
+			return err
+		}
+		defer dp.Close()
+		got, err := loader.PodInterfaces(root)
+		if err != nil {
+			return err
+		}
+		for _, pod := range got {
+			if err := dp.ForgetPod(pod); err != nil {
+				return err
+			}
+		}
+		if got, err := loader.PodInterfaces(root); err != nil || len(got) != 0 {
+			t.Errorf("forgotten: PodInterfaces = %v, %v; want none", got, err)
+		}
+		for _, pod := range []string{"vpod.1", "vpod.2", "vpod.3"} {
+			if n, err := xdplbFilters(pod); err != nil || n != 0 {
+				t.Errorf("forgotten: %d xdplb filters on %s, %v; want none", n, pod, err)
+			}
+		}
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
