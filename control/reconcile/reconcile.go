@@ -405,7 +405,7 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 					// The port's current id: its record stays if
 					// this Apply stops below.
 					dropIDs = append(dropIDs, id)
-				} else if _, held := r.portOfID[id]; !held {
+				} else if _, inherited := heirs.from[k]; !inherited {
 					r.releaseID(id) // allocated for the port's new version
 				}
 				// (An id inherited from a port this Apply removes is
@@ -414,7 +414,7 @@ func (r *Reconciler) apply(ctx context.Context, byKey map[string]*model.Service,
 			next[k] = refused[k]
 		default:
 			prev := r.ports[k]
-			if from, ok := heirs.from[k]; ok && r.ports[from].id == ids[k] {
+			if from, ok := heirs.from[k]; ok { // ids[k] is that port's id
 				prev = r.ports[from]
 				renamed[ids[k]] = k
 			}

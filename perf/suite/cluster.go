@@ -242,49 +242,42 @@ type writes struct{ created, updated int64 }
 // writeService creates svc, or replaces the Service of its name (first,
 // when it is known to exist).
 func (c *cluster) writeService(ctx context.Context, svc *corev1.Service, exists bool) (writes, error) {
-	api := c.client.CoreV1().Services(defaultNS)
-	if !exists {
-		_, err := api.Create(ctx, svc, metav1.CreateOptions{})
-		if err == nil {
-			return writes{created: 1}, nil
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			return writes{}, fmt.Errorf("create Service %s: %w", svc.Name, err)
-		}
-	}
-	// Unconditional (no resourceVersion): nothing else writes these.
-	_, err := api.Update(ctx, svc, metav1.UpdateOptions{})
-	if apierrors.IsNotFound(err) {
-		if _, err = api.Create(ctx, svc, metav1.CreateOptions{}); err == nil {
-			return writes{created: 1}, nil
-		}
-	}
-	if err != nil {
-		return writes{}, fmt.Errorf("update Service %s: %w", svc.Name, err)
-	}
-	return writes{updated: 1}, nil
+	return writeObject(ctx, c.client.CoreV1().Services(defaultNS), svc, "Service", svc.Name, exists)
 }
 
 // writeSlice is writeService for an EndpointSlice.
 func (c *cluster) writeSlice(ctx context.Context, slice *discoveryv1.EndpointSlice, exists bool) (writes, error) {
-	api := c.client.DiscoveryV1().EndpointSlices(defaultNS)
+	return writeObject(ctx, c.client.DiscoveryV1().EndpointSlices(defaultNS), slice, "EndpointSlice", slice.Name, exists)
+}
+
+// objectAPI is the part of a typed client writeObject uses.
+type objectAPI[T any] interface {
+	Create(context.Context, T, metav1.CreateOptions) (T, error)
+	Update(context.Context, T, metav1.UpdateOptions) (T, error)
+}
+
+// writeObject creates obj (a kind named name), or replaces the object of
+// its name: first, when it is known to exist; when it is not there after
+// all, it is created.
+func writeObject[T any](ctx context.Context, api objectAPI[T], obj T, kind, name string, exists bool) (writes, error) {
 	if !exists {
-		_, err := api.Create(ctx, slice, metav1.CreateOptions{})
+		_, err := api.Create(ctx, obj, metav1.CreateOptions{})
 		if err == nil {
 			return writes{created: 1}, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return writes{}, fmt.Errorf("create EndpointSlice %s: %w", slice.Name, err)
+			return writes{}, fmt.Errorf("create %s %s: %w", kind, name, err)
 		}
 	}
-	_, err := api.Update(ctx, slice, metav1.UpdateOptions{})
+	// Unconditional (no resourceVersion): nothing else writes these.
+	_, err := api.Update(ctx, obj, metav1.UpdateOptions{})
 	if apierrors.IsNotFound(err) {
-		if _, err = api.Create(ctx, slice, metav1.CreateOptions{}); err == nil {
+		if _, err = api.Create(ctx, obj, metav1.CreateOptions{}); err == nil {
 			return writes{created: 1}, nil
 		}
 	}
 	if err != nil {
-		return writes{}, fmt.Errorf("update EndpointSlice %s: %w", slice.Name, err)
+		return writes{}, fmt.Errorf("update %s %s: %w", kind, name, err)
 	}
 	return writes{updated: 1}, nil
 }
