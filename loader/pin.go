@@ -204,18 +204,18 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			// none, in the hints: the running datapath reads the pinned
 			// ones until the commit, and after a start that fails, so
 			// the move writes into a copy, swapped in at the commit.
-			copied, err := fillReplacement(snatBucketHints, spec.Maps[snatBucketHints], hints,
+			hintsCopy, err := fillReplacement(snatBucketHints, spec.Maps[snatBucketHints], hints,
 				copyEntries[uint32, uint32], log)
 			if err != nil {
 				old.Close()
 				return nil, err
 			}
-			copied.why = "the SNAT slots move (" + incompatible.Error() + "): backends without a bucket get one"
+			hintsCopy.why = "the SNAT slots move (" + incompatible.Error() + "): backends without a bucket get one"
 			// In name order, before snat_slots: swapped first, so that a
 			// commit cut short leaves the old slots, which the next load
 			// moves again by these hints, not moved slots without them.
-			r.maps = append(r.maps, copied)
-			migrate = migrations(opts, copied.m)
+			r.maps = append(r.maps, hintsCopy)
+			migrate = migrations(opts, hintsCopy.m)
 		}
 		repl, err := fillReplacement(name, ms, old, migrate[name], log)
 		old.Close()
