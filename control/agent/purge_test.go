@@ -234,7 +234,8 @@ func TestAgentKeepsFlowsOfARenamedPort(t *testing.T) {
 		}
 		slice := &discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "rename", Name: "web-1", ResourceVersion: fmt.Sprint(len(ports)),
-				Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+				Labels: map[string]string{discoveryv1.LabelServiceName: "web",
+					discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
 			AddressType: discoveryv1.AddressTypeIPv4,
 		}
 		proto, node := corev1.ProtocolTCP, "node-1" // endpoints on another node: SNAT
@@ -348,22 +349,51 @@ func TestAgentKeepsFlowsOfARenamedPort(t *testing.T) {
 		clients[backend] = client
 	}
 
-	// A second port: the first gets a name; one backend goes meanwhile.
-	src.put(service([]port{{"http", 80, 8080, 30080}, {"metrics", 9090, 9090, 30090}}, kept))
-	syncedUntil("adding the second port", func() bool { _, ok := clusterIPPort(9090); return ok })
-	purged()
-
-	if now, _ := clusterIPPort(80); now.SvcID != fe.SvcID {
-		t.Errorf("port 80 has service id %d after the rename, want %d", now.SvcID, fe.SvcID)
+	// flowsLive checks which of the flows are live.
+	flowsLive := func(when string, want func(backend netip.AddrPort) bool) {
+		t.Helper()
+		for backend, client := range clients {
+			f, ok, err := a.plane.Flow(dataplane.FlowKey{Client: client, Frontend: frontend, Proto: dataplane.TCP})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if live := ok && !f.Ended; live != want(backend) {
+				t.Errorf("%s: flow to %s: live=%v, want %v (%+v)", when, backend, live, want(backend), f)
+			}
+		}
 	}
-	for backend, client := range clients {
-		f, ok, err := a.plane.Flow(dataplane.FlowKey{Client: client, Frontend: frontend, Proto: dataplane.TCP})
+	hasBackend := func(b netip.AddrPort) bool {
+		bes, err := a.plane.Backends()
 		if err != nil {
 			t.Fatal(err)
 		}
-		live := ok && !f.Ended
-		if want := backend == kept; live != want {
-			t.Errorf("flow to %s: live=%v, want %v (%+v)", backend, live, want, f)
+		for _, be := range bes {
+			if netip.AddrPortFrom(be.Addr, be.Port) == b {
+				return true
+			}
 		}
+		return false
 	}
+
+	// A second port: the first gets a name. In a cluster the Service
+	// changes first and the EndpointSlice controller renames the slice's
+	// port after it: syncs in between keep the port's endpoints.
+	renamed := []port{{"http", 80, 8080, 30080}, {"metrics", 9090, 9090, 30090}}
+	newService, _ := service(renamed)
+	src.put(newService, nil)
+	syncedUntil("adding the second port", func() bool { _, ok := clusterIPPort(9090); return ok })
+	purged()
+	if now, _ := clusterIPPort(80); now.SvcID != fe.SvcID {
+		t.Errorf("port 80 has service id %d after the rename, want %d", now.SvcID, fe.SvcID)
+	}
+	flowsLive("before the slice is renamed", func(netip.AddrPort) bool { return true })
+
+	// The controller's slice, one backend gone meanwhile.
+	src.put(service(renamed, kept))
+	syncedUntil("removing a backend", func() bool { return !hasBackend(gone) })
+	purged()
+	if now, _ := clusterIPPort(80); now.SvcID != fe.SvcID {
+		t.Errorf("port 80 has service id %d after the slice's rename, want %d", now.SvcID, fe.SvcID)
+	}
+	flowsLive("after the slice is renamed", func(b netip.AddrPort) bool { return b == kept })
 }

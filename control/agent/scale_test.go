@@ -69,10 +69,14 @@ func (m *memorySource) Status() source.Status {
 	return source.Status{Synced: true, LastChange: time.Now()}
 }
 
+// put stores a Service and its slice (a nil slice leaves the slices as
+// they are) and tells the agent.
 func (m *memorySource) put(svc *corev1.Service, slice *discoveryv1.EndpointSlice) {
 	m.mu.Lock()
 	m.svcs[svc.Namespace+"/"+svc.Name] = svc
-	m.slices[slice.Namespace+"/"+slice.Name] = slice
+	if slice != nil {
+		m.slices[slice.Namespace+"/"+slice.Name] = slice
+	}
 	notify := m.changed
 	m.mu.Unlock()
 	if notify != nil {

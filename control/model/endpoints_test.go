@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 func TestEndpoints(t *testing.T) {
@@ -489,5 +490,120 @@ func TestLastChangeTriggerTime(t *testing.T) {
 	}
 	if !hasProblem(probs, "metadata.annotations["+trig+"]", "invalid time") {
 		t.Errorf("bad trigger time not reported: %v", probs)
+	}
+}
+
+// TestRenamedPortKeepsItsEndpoints covers the time between a Service
+// renaming a port (a second port names the first, or removing one
+// unnames the other) and the EndpointSlice controller rewriting the
+// Service's slices with the new names.
+func TestRenamedPortKeepsItsEndpoints(t *testing.T) {
+	port := func(name string, number int32, target intstr.IntOrString) corev1.ServicePort {
+		return corev1.ServicePort{Name: name, Protocol: corev1.ProtocolTCP, Port: number, TargetPort: target}
+	}
+	controller := func(s *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+		s.Labels[discoveryv1.LabelManagedBy] = controllerName
+		return s
+	}
+	unnamed := []discoveryv1.EndpointPort{epPort("", corev1.ProtocolTCP, 8080)}
+	twoNamed := []discoveryv1.EndpointPort{epPort("http", corev1.ProtocolTCP, 8080), epPort("metrics", corev1.ProtocolTCP, 9090)}
+	secondPort := withPorts(port("http", 80, intstr.FromInt32(8080)), port("metrics", 9090, intstr.FromInt32(9090)))
+	endpoint := ep("10.0.1.1", "node-b", "RS")
+	tests := []struct {
+		name  string
+		svc   *corev1.Service
+		slice *discoveryv1.EndpointSlice
+		want  map[string][]string
+	}{
+		{
+			name:  "a second port named the first",
+			svc:   newService("web", secondPort),
+			slice: controller(newSlice("web", "web-1", unnamed, endpoint)),
+			want: map[string][]string{
+				"default/web:http/TCP":    {"10.0.1.1:8080 RS"},
+				"default/web:metrics/TCP": nil,
+			},
+		},
+		{
+			name:  "the port left unnamed",
+			svc:   newService("web", withPorts(port("", 80, intstr.FromInt32(8080)))),
+			slice: controller(newSlice("web", "web-1", twoNamed, endpoint)),
+			want:  map[string][]string{"default/web/TCP": {"10.0.1.1:8080 RS"}},
+		},
+		{
+			name:  "an unset target port is the port",
+			svc:   newService("web", withPorts(port("http", 8080, intstr.IntOrString{}), port("metrics", 9090, intstr.FromInt32(9090)))),
+			slice: controller(newSlice("web", "web-1", unnamed, endpoint)),
+			want: map[string][]string{
+				"default/web:http/TCP":    {"10.0.1.1:8080 RS"},
+				"default/web:metrics/TCP": nil,
+			},
+		},
+		{
+			name:  "only in slices of the controller",
+			svc:   newService("web", secondPort),
+			slice: newSlice("web", "web-1", unnamed, endpoint),
+			want: map[string][]string{
+				"default/web:http/TCP":    nil,
+				"default/web:metrics/TCP": nil,
+			},
+		},
+		{
+			name: "not to a named target port",
+			svc: newService("web", withPorts(port("http", 80, intstr.FromString("web")),
+				port("metrics", 9090, intstr.FromInt32(9090)))),
+			slice: controller(newSlice("web", "web-1", unnamed, endpoint)),
+			want: map[string][]string{
+				"default/web:http/TCP":    nil,
+				"default/web:metrics/TCP": nil,
+			},
+		},
+		{
+			name:  "not to another target port",
+			svc:   newService("web", withPorts(port("http", 80, intstr.FromInt32(8081)), port("metrics", 9090, intstr.FromInt32(9090)))),
+			slice: controller(newSlice("web", "web-1", unnamed, endpoint)),
+			want: map[string][]string{
+				"default/web:http/TCP":    nil,
+				"default/web:metrics/TCP": nil,
+			},
+		},
+		{
+			name: "not from a port the Service still has",
+			svc:  newService("web", withPorts(port("http", 80, intstr.FromInt32(8080)), port("admin", 8080, intstr.FromInt32(8080)))),
+			slice: controller(newSlice("web", "web-1",
+				[]discoveryv1.EndpointPort{epPort("admin", corev1.ProtocolTCP, 8080)}, endpoint)),
+			want: map[string][]string{
+				"default/web:http/TCP":  nil,
+				"default/web:admin/TCP": {"10.0.1.1:8080 RS"},
+			},
+		},
+		{
+			name: "not from another protocol",
+			svc:  newService("web", secondPort),
+			slice: controller(newSlice("web", "web-1",
+				[]discoveryv1.EndpointPort{epPort("", corev1.ProtocolUDP, 8080)}, endpoint)),
+			want: map[string][]string{
+				"default/web:http/TCP":    nil,
+				"default/web:metrics/TCP": nil,
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st, probs := compute(t, []*corev1.Service{tc.svc}, tc.slice)
+			if len(probs) > 0 {
+				t.Errorf("problems: %v", probs)
+			}
+			if len(st.Services) != len(tc.want) {
+				t.Fatalf("got service ports %v, want %d", keys(st), len(tc.want))
+			}
+			for key, want := range tc.want {
+				s := st.Lookup(key)
+				if s == nil {
+					t.Fatalf("no service port %s in %v", key, keys(st))
+				}
+				equal(t, key, epStrings(s.Endpoints), want)
+			}
+		})
 	}
 }

@@ -30,6 +30,11 @@
 //     Service's address.
 //   - An EndpointSlice port without a name counts as the unnamed port, and
 //     one without a protocol as TCP (the API server fills both in).
+//   - A Service port renamed has, until the EndpointSlice controller
+//     rewrites the Service's slices, the endpoints of the controller's
+//     slice port that is named after no port of the Service and has its
+//     protocol and numeric target port (see slice.port): kube-proxy has
+//     none in that gap, and xdplb would end their flows.
 package model
 
 import (
@@ -42,6 +47,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	netutils "k8s.io/utils/net"
 )
 
@@ -243,11 +249,13 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 		}
 	}
 
-	type portID struct {
-		name  string
-		proto Protocol
+	named := map[portName]bool{}
+	for _, sp := range spec.Ports {
+		if proto, ok := toProtocol(sp.Protocol); ok {
+			named[portName{sp.Name, proto}] = true
+		}
 	}
-	seen := map[portID]bool{}
+	seen := map[portName]bool{}
 	for i := range spec.Ports {
 		sp := &spec.Ports[i]
 		// Field names are built only for a problem: most ports have none.
@@ -260,7 +268,7 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 			c.report("Service", obj, field(".port"), "%d is out of range; port skipped", sp.Port)
 			continue
 		}
-		id := portID{sp.Name, proto}
+		id := portName{sp.Name, proto}
 		if seen[id] {
 			c.report("Service", obj, field(".name"), "duplicate port name %q for %s; port skipped", sp.Name, proto)
 			continue
@@ -293,7 +301,8 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 		add(LoadBalancer, lbIPs, p.Port)
 		add(ExternalIP, externalIPs, p.Port)
 
-		p.Endpoints = endpointsFor(svcSlices, sp.Name, proto, c.node.Name)
+		p.Endpoints = endpointsFor(svcSlices, servicePort{name: sp.Name, proto: proto,
+			target: targetPortNumber(sp), named: named}, c.node.Name)
 		p.ClusterSet = topologySet(chooseSet(p.Endpoints, false), c.node)
 		p.LocalSet = chooseSet(p.Endpoints, true)
 		c.ports = append(c.ports, port{Service: p, created: svc.CreationTimestamp.Time})
@@ -303,17 +312,41 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 // protocol converts a Service port protocol, reporting unsupported ones
 // under field(".protocol").
 func (c *computer) protocol(obj string, field func(string) string, p corev1.Protocol) (Protocol, bool) {
+	if proto, ok := toProtocol(p); ok {
+		return proto, true
+	}
+	if p == corev1.ProtocolSCTP {
+		c.report("Service", obj, field(".protocol"), "SCTP is not supported; port skipped")
+	} else {
+		c.report("Service", obj, field(".protocol"), "unknown protocol %q; port skipped", p)
+	}
+	return 0, false
+}
+
+// toProtocol converts a Service port protocol the datapath handles.
+func toProtocol(p corev1.Protocol) (Protocol, bool) {
 	switch p {
 	case corev1.ProtocolTCP, "":
 		return TCP, true
 	case corev1.ProtocolUDP:
 		return UDP, true
-	case corev1.ProtocolSCTP:
-		c.report("Service", obj, field(".protocol"), "SCTP is not supported; port skipped")
-	default:
-		c.report("Service", obj, field(".protocol"), "unknown protocol %q; port skipped", p)
 	}
 	return 0, false
+}
+
+// targetPortNumber is a Service port's target port when it is a number (an
+// unset one is the port itself, as the API server defaults it), and 0 when
+// it names a container port.
+func targetPortNumber(sp *corev1.ServicePort) uint16 {
+	switch {
+	case sp.TargetPort.Type != intstr.Int:
+		return 0
+	case sp.TargetPort.IntVal == 0:
+		return uint16(sp.Port)
+	case sp.TargetPort.IntVal < 1 || sp.TargetPort.IntVal > 65535:
+		return 0
+	}
+	return uint16(sp.TargetPort.IntVal)
 }
 
 // loadBalancerIPs returns the VIP-mode ingress IPs of a LoadBalancer Service.

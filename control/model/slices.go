@@ -19,7 +19,32 @@ type slice struct {
 	endpoints []sliceEndpoint
 	weight    uint32
 	trigger   time.Time
+	// fromController: the EndpointSlice controller wrote the slice, so
+	// its port names follow the Service's, sooner or later.
+	fromController bool
 }
+
+// servicePort is what picks a Service port's port in its slices.
+type servicePort struct {
+	name  string
+	proto Protocol
+	// target is the Service port's target port when it is a number (0
+	// when it names a container port).
+	target uint16
+	// named holds every port name (with protocol) of the Service.
+	named map[portName]bool
+}
+
+// portName is a Service port's name and protocol: what a slice port
+// matches.
+type portName struct {
+	name  string
+	proto Protocol
+}
+
+// controllerName is the value of the managed-by label on slices the
+// EndpointSlice controller writes.
+const controllerName = "endpointslice-controller.k8s.io"
 
 type slicePort struct {
 	name  string
@@ -77,7 +102,7 @@ func (c *computer) groupSlices(in []*discoveryv1.EndpointSlice) map[string][]*sl
 
 func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 	obj := s.Namespace + "/" + s.Name
-	out := &slice{name: s.Name, weight: 1}
+	out := &slice{name: s.Name, weight: 1, fromController: s.Labels[discoveryv1.LabelManagedBy] == controllerName}
 	if v, ok := s.Annotations[AnnotationWeight]; ok {
 		if w, ok := parseWeight(v); ok {
 			out.weight = w
@@ -163,11 +188,27 @@ func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 	return out
 }
 
-// port returns the slice's port number for a Service port.
-func (s *slice) port(name string, proto Protocol) (uint16, bool) {
-	for _, p := range s.ports {
-		if p.name == name && p.proto == proto {
-			return p.port, true
+// port returns the slice's port number for a Service port: that of the
+// slice port of the same name and protocol. A Service port renamed (a
+// second port added names the first, removing one may unname the other)
+// has no such port in the controller's slices until the controller
+// rewrites them: until then, a port of the slice that is named after no
+// port of the Service, of the same protocol and the Service port's target
+// port number, is the renamed port, as the controller is about to write
+// it. Without that, the renamed port would have no endpoints for a sync
+// or two and its backends' flows would end.
+func (s *slice) port(p servicePort) (uint16, bool) {
+	for _, q := range s.ports {
+		if q.name == p.name && q.proto == p.proto {
+			return q.port, true
+		}
+	}
+	if !s.fromController || p.target == 0 {
+		return 0, false
+	}
+	for _, q := range s.ports {
+		if q.proto == p.proto && q.port == p.target && !p.named[portName{q.name, q.proto}] {
+			return q.port, true
 		}
 	}
 	return 0, false
@@ -176,14 +217,14 @@ func (s *slice) port(name string, proto Protocol) (uint16, bool) {
 // endpointsFor collects a Service port's endpoints from its slices (sorted
 // by name), resolving the target port per slice and keeping one copy of
 // each address and port. nodeName marks the local ones.
-func endpointsFor(svcSlices []*slice, portName string, proto Protocol, nodeName string) []Endpoint {
+func endpointsFor(svcSlices []*slice, sp servicePort, nodeName string) []Endpoint {
 	n := 0
 	for _, s := range svcSlices {
 		n += len(s.endpoints)
 	}
 	out := make([]Endpoint, 0, n)
 	for _, s := range svcSlices {
-		port, ok := s.port(portName, proto)
+		port, ok := s.port(sp)
 		if !ok {
 			continue
 		}
