@@ -138,7 +138,7 @@ func agentCommand() *cli.Command {
 			"command line wins). Invalid flags exit with code 2 before anything is attached.\n\n" +
 			"On SIGTERM the agent exits and leaves the datapath attached and pinned, so a\n" +
 			"restarted agent takes over without disturbing established flows. `xdplb detach`\n" +
-			"removes it.",
+			"removes it. A second signal ends the agent at once, even while it starts.",
 		Flags: agentFlags(),
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
@@ -152,7 +152,9 @@ func agentCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			return runAgent(c.Context, cfg, log)
+			ctx, stop := untilSignalled(c.Context)
+			defer stop()
+			return runAgent(ctx, cfg, log)
 		},
 	}
 }

@@ -85,6 +85,9 @@ func detachCommand() *cli.Command {
 		Flags: []cli.Flag{bpffsFlag(), hostProcSysFlag(),
 			&cli.BoolFlag{Name: "force", Usage: "detach even while an agent runs on these pins (it would serve nothing and still report healthy)"}},
 		Action: func(c *cli.Context) error {
+			// A signal does not stop a detach half-way; a second one does.
+			_, stop := untilSignalled(c.Context)
+			defer stop()
 			root, err := pinRoot(c)
 			if err != nil {
 				return err

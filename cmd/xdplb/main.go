@@ -22,9 +22,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/urfave/cli/v2"
 )
@@ -46,11 +44,9 @@ func main() {
 
 // run executes the command line and returns the exit code: 0 on success,
 // 2 for invalid usage (nothing was attached or changed), 1 otherwise. The
-// agent runs until SIGTERM or SIGINT.
+// agent runs until SIGTERM or SIGINT (see untilSignalled).
 func run(args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	return runContext(ctx, args, stdout, stderr)
+	return runContext(context.Background(), args, stdout, stderr)
 }
 
 // runContext is run with the agent running until ctx ends.
