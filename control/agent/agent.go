@@ -341,8 +341,26 @@ func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) ([]string, error)
 		}
 		log.Info("datapath attached", "interface", att.Interface, "xdp_mode", att.Mode,
 			"tc", att.TCMode, "xdp_prog_id", att.XDPProgID, "tc_prog_id", att.TCProgID)
+		if att.Mode != loader.XDPOff {
+			warnHiddenVLANs(ifname, log)
+		}
 	}
 	return fresh, nil
+}
+
+// warnHiddenVLANs warns when XDP on ifname sees its VLANs' frames
+// untagged (loader.HiddenVLANs): it would serve them as frames of
+// ifname's own network.
+func warnHiddenVLANs(ifname string, log *slog.Logger) {
+	vlans, err := loader.HiddenVLANs(ifname)
+	switch {
+	case err != nil:
+		log.Debug("cannot check VLAN tag stripping", "interface", ifname, "error", err)
+	case len(vlans) > 0:
+		log.Warn("the NIC strips VLAN tags in hardware: XDP takes the frames of its VLANs for untagged ones; "+
+			"run `ethtool -K "+ifname+" rxvlan off`, or attach to the VLAN devices instead",
+			"interface", ifname, "vlans", vlans)
+	}
 }
 
 // detachUnlisted detaches the interfaces an earlier agent attached that
