@@ -77,6 +77,8 @@ func agentFlags() []cli.Flag {
 			Usage: "distinct endpoint address:port pairs"},
 		&cli.UintFlag{Name: "frontends-max", Value: uint(d.FrontendsMax), EnvVars: env("frontends-max"),
 			Usage: "frontends (address, port, protocol)"},
+		&cli.StringFlag{Name: "memory-limit", EnvVars: env("memory-limit"), DefaultText: "none",
+			Usage: "the memory limit the agent runs under (its container's; deploy/daemonset.yaml passes it): the kernel charges the BPF maps to it, so map sizes that would not fit beside the agent are refused"},
 		&cli.DurationFlag{Name: "tcp-established-timeout", Value: d.TCPEstablishedTimeout, EnvVars: env("tcp-established-timeout"),
 			Usage: "idle timeout of an established TCP flow"},
 		&cli.DurationFlag{Name: "tcp-transient-timeout", Value: d.TCPTransientTimeout, EnvVars: env("tcp-transient-timeout"),
@@ -296,7 +298,11 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	}
 	opts.AffinityMax = max(opts.ConntrackMax/8, 1024)
 	opts.SourceRangesMax = max(opts.ServicesMax, 1024)
-	if err := checkMapMemory(opts, memTotal()); err != nil {
+	limit, err := memoryLimit(c)
+	if err != nil {
+		return cfg, err
+	}
+	if err := checkMapMemory(opts, mapBudget(memTotal(), limit)); err != nil {
 		return cfg, err
 	}
 	for _, f := range []struct {

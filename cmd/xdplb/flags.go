@@ -44,7 +44,7 @@ func xdpModes() string {
 const goDuration = "(a Go duration such as 30s, 5m, 6h)"
 
 // fitsMemory is the limit checkMapMemory puts on the map size flags.
-const fitsMemory = "all maps together (estimated from these sizes) within the machine's MemTotal"
+const fitsMemory = "all maps together (estimated from these sizes) within the machine's MemTotal and, with --memory-limit, within what it leaves beside the agent"
 
 // allowed says, per flag, which values it accepts: error messages and the
 // README's flag table quote it, so the two cannot disagree.
@@ -61,6 +61,7 @@ var allowed = map[string]string{
 	"services-max":            "2 to 4194304; " + fitsMemory,
 	"backends-max":            "2 to 16777216; " + fitsMemory,
 	"frontends-max":           "1 to 16777216; " + fitsMemory,
+	"memory-limit":            "a quantity of bytes (1073741824, 1024Mi, 1Gi) of at least " + byteSize(minMemoryLimit) + ", of which the agent takes " + byteSize(agentReserve) + "; empty for none",
 	"tcp-established-timeout": "1s to 168h " + goDuration,
 	"tcp-transient-timeout":   "1s to 168h " + goDuration,
 	"udp-timeout":             "1s to 168h " + goDuration,

@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/urfave/cli/v2"
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/xdplb/xdplb/loader"
 )
 
@@ -29,13 +32,40 @@ func mapFlags() map[string]string {
 	}
 }
 
+// agentReserve is the memory the agent's own process needs beside the
+// maps under a memory limit: its RSS measured up to 176 MiB at 10k
+// Services under the DaemonSet's GOMEMLIMIT (README, Performance).
+const agentReserve = 192 << 20
+
+// minMemoryLimit is the least --memory-limit: the agent and small maps.
+const minMemoryLimit = 256 << 20
+
+// memoryBudget is how much memory the maps may take, and what sets it.
+type memoryBudget struct {
+	bytes uint64 // 0: unknown, no check
+	what  string // ends "more than ..." in the refusal
+}
+
+// mapBudget is the memory the maps may take: the machine's (memTotal
+// bytes, MemTotal of /proc/meminfo; 0 if unknown) or, when smaller, what
+// a memory limit (0 for none) leaves beside the agent. Map memory is
+// charged to the memory cgroup of the process that creates the maps, so
+// in a container creating maps beyond its limit fails, or gets the agent
+// killed.
+func mapBudget(memTotal, limit uint64) memoryBudget {
+	if limit != 0 && (memTotal == 0 || limit-agentReserve < memTotal) {
+		return memoryBudget{limit - agentReserve, fmt.Sprintf("the %s that --memory-limit %s leaves beside the agent's %s",
+			byteSize(limit-agentReserve), byteSize(limit), byteSize(agentReserve))}
+	}
+	return memoryBudget{memTotal, fmt.Sprintf("the machine's memory (MemTotal %s)", byteSize(memTotal))}
+}
+
 // checkMapMemory refuses map sizes whose maps, by loader's estimate, need
-// more memory than the machine has (memTotal bytes, MemTotal of
-// /proc/meminfo; 0 if unknown, which skips the check): creating them
-// would fail, or leave the node nothing. The error names the flag whose
-// maps take the most.
-func checkMapMemory(opts loader.Options, memTotal uint64) error {
-	if memTotal == 0 {
+// more memory than the budget: creating them would fail, get the agent
+// killed, or leave the node nothing. The error names the flag whose maps
+// take the most.
+func checkMapMemory(opts loader.Options, budget memoryBudget) error {
+	if budget.bytes == 0 {
 		return nil
 	}
 	sizes, err := opts.MapMemory()
@@ -51,7 +81,7 @@ func checkMapMemory(opts loader.Options, memTotal uint64) error {
 			perFlag[f] += n
 		}
 	}
-	if total <= memTotal {
+	if total <= budget.bytes {
 		return nil
 	}
 	if opts.NATMax == opts.ConntrackMax {
@@ -71,10 +101,37 @@ func checkMapMemory(opts loader.Options, memTotal uint64) error {
 		"backends-max": opts.BackendsMax, "services-max": opts.ServicesMax,
 	}[flag]
 	return flagError(flag, value, fmt.Sprintf("the BPF maps would need about %s (%s of it for the maps this flag sizes), "+
-		"more than the machine's memory (MemTotal %s)", gib(total), gib(perFlag[flag]), gib(memTotal)))
+		"more than %s", byteSize(total), byteSize(perFlag[flag]), budget.what))
 }
 
-func gib(n uint64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }
+// memoryLimit validates --memory-limit: a Kubernetes quantity of bytes
+// (what the downward API gives, or 1Gi and the like), 0 when not set.
+func memoryLimit(c *cli.Context) (uint64, error) {
+	v := c.String("memory-limit")
+	if v == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return 0, flagError("memory-limit", v, "not a quantity of bytes (such as 1073741824, 1024Mi or 1Gi)")
+	}
+	if q.Cmp(*resource.NewQuantity(minMemoryLimit, resource.BinarySI)) < 0 {
+		return 0, flagError("memory-limit", v, "below "+byteSize(minMemoryLimit)+": the agent alone takes up to "+byteSize(agentReserve))
+	}
+	n, ok := q.AsInt64()
+	if !ok {
+		return 0, flagError("memory-limit", v, "out of range")
+	}
+	return uint64(n), nil
+}
+
+// byteSize is n bytes in GiB, or MiB below one GiB.
+func byteSize(n uint64) string {
+	if n < 1<<30 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+}
 
 // memTotal reads MemTotal from /proc/meminfo, in bytes; 0 if it cannot.
 func memTotal() uint64 {

@@ -274,6 +274,12 @@ func TestDaemonSet(t *testing.T) {
 		c.Env[nodeName].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("env = %+v, want NODE_NAME from fieldRef spec.nodeName", c.Env)
 	}
+	// The agent checks the map sizes against its container's limit.
+	limit := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "XDPLB_MEMORY_LIMIT" })
+	if limit < 0 || c.Env[limit].ValueFrom == nil || c.Env[limit].ValueFrom.ResourceFieldRef == nil ||
+		c.Env[limit].ValueFrom.ResourceFieldRef.Resource != "limits.memory" {
+		t.Errorf("env = %+v, want XDPLB_MEMORY_LIMIT from resourceFieldRef limits.memory", c.Env)
+	}
 
 	sc := c.SecurityContext
 	if sc == nil || sc.Capabilities == nil {
