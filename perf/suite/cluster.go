@@ -62,9 +62,9 @@ func digestsOf(svc *corev1.Service, slice *discoveryv1.EndpointSlice) (objectDig
 	return d, nil
 }
 
-func startCluster(ctx context.Context, dir string, edge *netns.NS, log *slog.Logger) (*cluster, error) {
+func startCluster(ctx context.Context, dir string, edge *netns.NS, cpus []int, log *slog.Logger) (*cluster, error) {
 	start := time.Now()
-	srv, err := apiserver.Run(ctx, dir)
+	srv, err := apiserver.Run(ctx, dir, apiserver.WithCPUs(cpus...))
 	if err != nil {
 		return nil, fmt.Errorf("start kube-apiserver: %w", err)
 	}

@@ -46,6 +46,11 @@ type env struct {
 	// zero value, no rules, unless read): every mode leaves it so.
 	netfilter netfilterState
 	softirqd  []int // pids of ksoftirqd/N
+	// controlCPUs are the CPUs the generator leaves (none when it takes
+	// them all): the API server, etcd, kube-proxy and the xdplb agent
+	// run there, off the packet path's CPU, as on an edge node whose
+	// control plane is elsewhere.
+	controlCPUs []int
 	// warmUp: every mode start runs each scenario once unrecorded first.
 	// Fresh maps hand out their entries in memory order, which the first
 	// repetition after a start measures; every later one, like a node
@@ -54,10 +59,10 @@ type env struct {
 	warmUp bool
 }
 
-// startInNamespace starts bin args... in ns as a [child.Process], its
-// output appended to logPath.
-func startInNamespace(ns *netns.NS, logPath, bin string, args ...string) (*child.Process, error) {
-	return child.Start(filepath.Base(bin), ns.Command(bin, args...), logPath)
+// startInNamespace starts bin args... in ns as a [child.Process] on the
+// control CPUs, its output appended to logPath.
+func (e *env) startInNamespace(ns *netns.NS, logPath, bin string, args ...string) (*child.Process, error) {
+	return child.StartOn(filepath.Base(bin), ns.Command(bin, args...), logPath, e.controlCPUs)
 }
 
 // checkRunning returns an error, with the end of its log, if p has ended

@@ -240,7 +240,7 @@ func (m *xdplbMode) start(ctx context.Context, e *env, set ServiceSet) error {
 	}
 	full := append([]string{"agent", "--bpffs-root", e.topo.BPFFS, "--services-file", file}, m.args...)
 	t0 := time.Now()
-	p, err := startInNamespace(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.xdplb, full...)
+	p, err := e.startInNamespace(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.xdplb, full...)
 	if err != nil {
 		return err
 	}
@@ -454,7 +454,7 @@ func (m *kubeProxyMode) cleanup(ctx context.Context, e *env) error {
 
 func (m *kubeProxyMode) start(ctx context.Context, e *env, set ServiceSet) error {
 	if e.cluster == nil {
-		c, err := startCluster(ctx, filepath.Join(e.dir, "apiserver"), e.topo.Edge, e.log)
+		c, err := startCluster(ctx, filepath.Join(e.dir, "apiserver"), e.topo.Edge, e.controlCPUs, e.log)
 		if err != nil {
 			return err
 		}
@@ -480,7 +480,7 @@ func (m *kubeProxyMode) start(ctx context.Context, e *env, set ServiceSet) error
 	}
 	full := append([]string{"--kubeconfig", e.cluster.kubeconfig()}, m.args...)
 	t0 := time.Now()
-	p, err := startInNamespace(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.kubeProxy, full...)
+	p, err := e.startInNamespace(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.kubeProxy, full...)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -105,6 +106,9 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 	e := &env{log: log, dir: cfg.OutDir, threads: cfg.Threads, frameSize: cfg.FrameSize, proto: traffic.TCP,
 		warmUp: !cfg.Quick}
 	if e.softirqd, err = ksoftirqd(); err != nil {
+		return nil, err
+	}
+	if _, e.controlCPUs, err = traffic.SplitCPUs(e.threads); err != nil {
 		return nil, err
 	}
 	rpt := &summary.Report{Started: started, Quick: cfg.Quick}
@@ -482,10 +486,24 @@ func measurementNotes(e *env) []string {
 		fmt.Sprintf("xdplb runs with --conntrack-max %d (the kernel conntrack's limit here) and its default --snat-port-range %s; kube-proxy masquerades with ports 1024-65535.", conntrackMax, snatPortRange),
 		"New-flow repetitions are bounded in count so no backend runs out of NAT ports (16 backends per target Service); conntrack is emptied between repetitions. Reaching a port limit is the snat-exhaust scenario's subject: one backend, 100k new flows.",
 	}
+	if len(e.controlCPUs) > 0 {
+		notes = append(notes, fmt.Sprintf("The control plane (etcd, kube-apiserver, kube-proxy's and xdplb's agent processes) is bound to CPU %s, off the generator's CPU, where the packet path runs: on an edge node the API server is elsewhere. Unbound, the API server and etcd cost the xdplb figures 5-15%% here (kube-proxy's less), more at 10k Services.", joinInts(e.controlCPUs)))
+	} else {
+		notes = append(notes, "The control plane (etcd, kube-apiserver, kube-proxy's and xdplb's agent processes) shares the generator's CPUs: the generator takes them all.")
+	}
 	if e.warmUp {
 		notes = append(notes, "Every start of a mode runs each scenario once unrecorded before its repetitions: fresh maps hand out entries in memory order, emptied ones in scattered order, as on a node that has run for a while (xdplb's first new-flow repetition after a start was 25-35% faster than the rest).")
 	}
 	return notes
+}
+
+// joinInts lists numbers separated by commas.
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
 }
 
 // choosePktgen decides between pktgen and the BPF generator.

@@ -396,6 +396,23 @@ func allowedCPUs() ([]int, error) {
 	return cpus, nil
 }
 
+// SplitCPUs returns the CPUs of this process that generator threads run
+// on (Run pins thread t to the t-th, wrapping round) and those left over,
+// for whatever should keep off the packet path.
+func SplitCPUs(threads int) (generator, rest []int, err error) {
+	cpus, err := allowedCPUs()
+	if err != nil {
+		return nil, nil, err
+	}
+	generator, rest = splitCPUs(cpus, threads)
+	return generator, rest, nil
+}
+
+func splitCPUs(cpus []int, threads int) (generator, rest []int) {
+	n := min(max(threads, 1), len(cpus))
+	return cpus[:n:n], cpus[n:]
+}
+
 // pinned runs fn on the calling OS thread bound to one CPU, and restores
 // the thread's affinity afterwards (the thread goes back to the Go
 // scheduler's pool).

@@ -334,3 +334,22 @@ func (g *Generator) cpuSeq(cpu int) (uint64, error) {
 	}
 	return per[cpu].Seq, nil
 }
+
+func TestSplitCPUs(t *testing.T) {
+	for _, tc := range []struct {
+		cpus            []int
+		threads         int
+		generator, rest []int
+	}{
+		{[]int{0, 1}, 1, []int{0}, []int{1}},
+		{[]int{0, 1}, 0, []int{0}, []int{1}}, // at least one thread
+		{[]int{0, 1}, 2, []int{0, 1}, nil},
+		{[]int{0, 1}, 3, []int{0, 1}, nil}, // threads share CPUs
+		{[]int{2, 5, 7}, 1, []int{2}, []int{5, 7}},
+	} {
+		gen, rest := splitCPUs(tc.cpus, tc.threads)
+		if !slices.Equal(gen, tc.generator) || !slices.Equal(rest, tc.rest) {
+			t.Errorf("splitCPUs(%v, %d) = %v, %v; want %v, %v", tc.cpus, tc.threads, gen, rest, tc.generator, tc.rest)
+		}
+	}
+}

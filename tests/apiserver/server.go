@@ -39,6 +39,7 @@ type options struct {
 	users        []user
 	extraArgs    []string
 	readyTimeout time.Duration
+	cpus         []int
 }
 
 type user struct {
@@ -60,6 +61,12 @@ func WithAPIServerArgs(args ...string) Option {
 	return func(o *options) { o.extraArgs = append(o.extraArgs, args...) }
 }
 
+// WithCPUs binds etcd and kube-apiserver to cpus (see [child.StartOn]),
+// keeping them off the others.
+func WithCPUs(cpus ...int) Option {
+	return func(o *options) { o.cpus = cpus }
+}
+
 // WithReadyTimeout replaces [DefaultReadyTimeout].
 func WithReadyTimeout(d time.Duration) Option {
 	return func(o *options) { o.readyTimeout = d }
@@ -73,6 +80,7 @@ type Server struct {
 	pki          pkiFiles
 	readyTimeout time.Duration
 	extraArgs    []string
+	cpus         []int // etcd's and kube-apiserver's CPUs; none: any
 
 	// Fixed once started: the API server keeps its port across restarts.
 	port            int
@@ -141,6 +149,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 		bins:         bins,
 		dir:          t.TempDir(),
 		readyTimeout: o.readyTimeout,
+		cpus:         o.cpus,
 		extraArgs:    o.extraArgs,
 		userTokens:   make(map[string]string),
 	}
@@ -252,7 +261,7 @@ func (s *Server) startEtcd(ctx context.Context) error {
 			// busy machine.
 			"--unsafe-no-fsync",
 		}
-		p, err := child.Start("etcd", exec.Command(s.bins.Etcd, args...), filepath.Join(s.dir, "logs", "etcd.log"))
+		p, err := child.StartOn("etcd", exec.Command(s.bins.Etcd, args...), filepath.Join(s.dir, "logs", "etcd.log"), s.cpus)
 		if err != nil {
 			return err
 		}
@@ -337,8 +346,8 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 	if s.apiserver != nil && !s.apiserver.Exited() {
 		return errors.New("kube-apiserver is already running")
 	}
-	p, err := child.Start("kube-apiserver", exec.Command(s.bins.KubeAPIServer, s.apiServerArgs()...),
-		filepath.Join(s.dir, "logs", "kube-apiserver.log"))
+	p, err := child.StartOn("kube-apiserver", exec.Command(s.bins.KubeAPIServer, s.apiServerArgs()...),
+		filepath.Join(s.dir, "logs", "kube-apiserver.log"), s.cpus)
 	if err != nil {
 		return err
 	}

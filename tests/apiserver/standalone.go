@@ -36,6 +36,7 @@ func Run(ctx context.Context, dir string, opts ...Option) (*Server, error) {
 		bins:         bins,
 		dir:          dir,
 		readyTimeout: o.readyTimeout,
+		cpus:         o.cpus,
 		extraArgs:    o.extraArgs,
 		userTokens:   make(map[string]string),
 	}

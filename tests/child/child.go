@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrKilled is wrapped by [Process.Stop] when a child ignored SIGTERM for
@@ -38,6 +40,18 @@ type Process struct {
 // forking OS thread, not of the process, so the fork happens on a goroutine
 // locked to its thread that stays alive until the child is reaped.
 func Start(name string, cmd *exec.Cmd, logPath string) (*Process, error) {
+	return StartOn(name, cmd, logPath, nil)
+}
+
+// StartOn is [Start] with the child bound to cpus (none: wherever the
+// scheduler puts it), for children that must keep off the CPUs a
+// measurement runs on. The child, and every thread it starts, inherits the
+// binding from the thread that forks it.
+func StartOn(name string, cmd *exec.Cmd, logPath string, cpus []int) (*Process, error) {
+	var set unix.CPUSet
+	for _, c := range cpus {
+		set.Set(c)
+	}
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s log: %w", name, err)
@@ -52,9 +66,15 @@ func Start(name string, cmd *exec.Cmd, logPath string) (*Process, error) {
 	started := make(chan error, 1)
 	go func() {
 		// Deliberately never unlocked: the thread ends with the goroutine,
-		// after the child is gone.
+		// after the child is gone (so its binding goes with it).
 		runtime.LockOSThread()
 		defer logFile.Close()
+		if len(cpus) > 0 {
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				started <- fmt.Errorf("bind to CPUs %v: %w", cpus, err)
+				return
+			}
+		}
 		if err := cmd.Start(); err != nil {
 			started <- err
 			return

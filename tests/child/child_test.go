@@ -2,11 +2,14 @@ package child
 
 import (
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestStop(t *testing.T) {
@@ -83,5 +86,37 @@ func waitForLog(t *testing.T, p *Process, line string) {
 			t.Fatalf("no %q in the log:\n%s", line, p.LogTail(10))
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestStartOnBindsTheChild(t *testing.T) {
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		t.Fatal(err)
+	}
+	last := -1
+	for c := 0; c < 1024; c++ {
+		if allowed.IsSet(c) {
+			last = c
+		}
+	}
+	// The child reports its own binding: that of the shell, inherited.
+	script := `grep Cpus_allowed_list /proc/self/status; echo ready; sleep 30`
+	p, err := StartOn("sh", exec.Command("sh", "-c", script), filepath.Join(t.TempDir(), "log"), []int{last})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop(time.Second)
+	waitForLog(t, p, "ready")
+	if want := fmt.Sprintf("Cpus_allowed_list:\t%d\n", last); !strings.Contains(p.LogTail(5), want) {
+		t.Errorf("child's log %q, want %q", p.LogTail(5), want)
+	}
+	// The caller's own threads keep their CPUs.
+	var after unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &after); err != nil {
+		t.Fatal(err)
+	}
+	if after != allowed {
+		t.Errorf("caller's CPUs changed from %v to %v", allowed, after)
 	}
 }
