@@ -129,7 +129,7 @@ func (d *Datapath) detachXDP(ifname string) error {
 }
 
 func xdpLinkPath(pinRoot string, mode XDPMode, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), fmt.Sprintf("xdp-%s-%s", mode, PinIfname(ifname)))
+	return LinkPin{Hook: HookXDP, Mode: string(mode), Ifname: ifname}.path(pinRoot)
 }
 
 // rememberXDP records for Revert the XDP program of ours the interface
@@ -356,11 +356,11 @@ func explainXDPError(ifname string, mode XDPMode, attrs *netlink.LinkAttrs, err 
 }
 
 func tcLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), "tc-ingress-"+PinIfname(ifname))
+	return LinkPin{Hook: HookTCIngress, Mode: tcxMode, Ifname: ifname}.path(pinRoot)
 }
 
 func tcEgressLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), "tc-egress-"+PinIfname(ifname))
+	return LinkPin{Hook: HookTCEgress, Mode: tcxMode, Ifname: ifname}.path(pinRoot)
 }
 
 // attachTCIngress attaches the NIC's TC ingress program.

@@ -13,11 +13,9 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// nicLinkKinds are the prefixes of the pins of a NIC's links (see
-// xdpLinkPath, tcLinkPath and tcEgressLinkPath); the interface name
-// follows (as PinIfname writes it).
-func nicLinkKinds() []string {
-	return []string{"xdp-" + string(XDPNative) + "-", "xdp-" + string(XDPGeneric) + "-", "tc-ingress-", "tc-egress-"}
+// isNICHook reports whether a link pinned on this hook is a NIC's.
+func isNICHook(hook string) bool {
+	return hook == HookXDP || hook == HookTCIngress || hook == HookTCEgress
 }
 
 // renamingPrefix marks the pin of a NIC link while SettleNICPins renames it.
@@ -25,9 +23,8 @@ const renamingPrefix = "renaming-"
 
 // nicPin is one pinned link of a NIC attachment.
 type nicPin struct {
-	file   string // pin file name, in linksDir
-	kind   string // its prefix, one of nicLinkKinds
-	ifname string // the interface name it was pinned under
+	file string  // pin file name, in linksDir
+	pin  LinkPin // what the file name says: the hook, mode and the interface name it was pinned under
 	// ifindex is the device the link is attached to now; 0 when that
 	// device is gone (the kernel detached the link, the pin holds a
 	// defunct one) or the link cannot be read (err says why).
@@ -50,16 +47,13 @@ func nicPins(pinRoot string) ([]nicPin, error) {
 	for _, e := range entries {
 		// A pin SettleNICPins was renaming when it stopped is one too.
 		name := strings.TrimPrefix(e.Name(), renamingPrefix)
-		for _, kind := range nicLinkKinds() {
-			pinned, ok := strings.CutPrefix(name, kind)
-			if !ok {
-				continue
-			}
-			p := nicPin{file: e.Name(), kind: kind, ifname: IfnameOfPin(pinned)}
-			p.ifindex, p.err = pinnedLinkIfindex(filepath.Join(dir, e.Name()))
-			pins = append(pins, p)
-			break
+		pin, ok := ParseLinkPin(name)
+		if !ok || !isNICHook(pin.Hook) {
+			continue
 		}
+		p := nicPin{file: e.Name(), pin: pin}
+		p.ifindex, p.err = pinnedLinkIfindex(filepath.Join(dir, e.Name()))
+		pins = append(pins, p)
 	}
 	return pins, nil
 }
@@ -143,27 +137,27 @@ func (d *Datapath) SettleNICPins() error {
 		switch {
 		case errors.Is(p.err, os.ErrNotExist):
 		case p.err != nil:
-			errs = append(errs, fmt.Errorf("interface %s: %w", p.ifname, p.err))
+			errs = append(errs, fmt.Errorf("interface %s: %w", p.pin.Ifname, p.err))
 			continue
 		case p.ifindex != 0:
 			dev, err = netlink.LinkByIndex(p.ifindex)
 			var notFound netlink.LinkNotFoundError
 			if err != nil && !errors.As(err, &notFound) {
-				errs = append(errs, fmt.Errorf("interface %s: device %d of pinned link %s: %w", p.ifname, p.ifindex, p.file, err))
+				errs = append(errs, fmt.Errorf("interface %s: device %d of pinned link %s: %w", p.pin.Ifname, p.ifindex, p.file, err))
 				continue
 			}
 		}
 		if dev == nil {
 			if err := unpinLink(path); err != nil {
-				errs = append(errs, fmt.Errorf("interface %s: %w", p.ifname, err))
+				errs = append(errs, fmt.Errorf("interface %s: %w", p.pin.Ifname, err))
 				continue
 			}
-			d.log.Info("dropped the pinned link of an interface that is gone", "interface", p.ifname, "pin", p.file)
+			d.log.Info("dropped the pinned link of an interface that is gone", "interface", p.pin.Ifname, "pin", p.file)
 			continue
 		}
-		if name := dev.Attrs().Name; name != p.ifname || strings.HasPrefix(p.file, renamingPrefix) {
+		if name := dev.Attrs().Name; name != p.pin.Ifname || strings.HasPrefix(p.file, renamingPrefix) {
 			moves = append(moves, move{from: path, tmp: filepath.Join(dir, renamingPrefix+strings.TrimPrefix(p.file, renamingPrefix)),
-				to: filepath.Join(dir, p.kind+PinIfname(name)), ifname: p.ifname, newName: name})
+				to: LinkPin{Hook: p.pin.Hook, Mode: p.pin.Mode, Ifname: name}.path(d.opts.PinRoot), ifname: p.pin.Ifname, newName: name})
 		}
 	}
 	// In two steps, so that names swapped between devices move too.
@@ -217,15 +211,15 @@ func (d *Datapath) DetachNICsExcept(keep []string) ([]string, error) {
 	var errs []error
 	gone := map[uint32]bool{}
 	for _, p := range pins {
-		if slices.Contains(keep, p.ifname) {
+		if slices.Contains(keep, p.pin.Ifname) {
 			continue
 		}
 		if err := unpinLink(filepath.Join(linksDir(d.opts.PinRoot), p.file)); err != nil {
-			errs = append(errs, fmt.Errorf("interface %s: %w", p.ifname, err))
+			errs = append(errs, fmt.Errorf("interface %s: %w", p.pin.Ifname, err))
 			continue
 		}
-		if !slices.Contains(detached, p.ifname) {
-			detached = append(detached, p.ifname)
+		if !slices.Contains(detached, p.pin.Ifname) {
+			detached = append(detached, p.pin.Ifname)
 		}
 		if p.ifindex != 0 {
 			gone[uint32(p.ifindex)] = true

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -15,17 +14,12 @@ import (
 // A pod interface has two pinned links: the pod program (TC ingress:
 // what the pod sends) and the host reply program (TC egress: what the
 // node sends the pod).
-const (
-	podLinkPrefix      = "tc-pod-"
-	podReplyLinkPrefix = "tc-podreply-"
-)
-
 func podLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), podLinkPrefix+PinIfname(ifname))
+	return LinkPin{Hook: HookTCPod, Mode: tcxMode, Ifname: ifname}.path(pinRoot)
 }
 
 func podReplyLinkPath(pinRoot, ifname string) string {
-	return filepath.Join(linksDir(pinRoot), podReplyLinkPrefix+PinIfname(ifname))
+	return LinkPin{Hook: HookTCPodReply, Mode: tcxMode, Ifname: ifname}.path(pinRoot)
 }
 
 // A pod interface attached through clsact (kernels without tcx) has no
@@ -164,8 +158,8 @@ func (d *Datapath) isNIC(ifindex int) bool {
 // of an attach through clsact.
 func PodInterfaces(pinRoot string) ([]string, error) {
 	var out []string
-	add := func(pinned string) {
-		if name := IfnameOfPin(pinned); !slices.Contains(out, name) {
+	add := func(name string) {
+		if !slices.Contains(out, name) {
 			out = append(out, name)
 		}
 	}
@@ -176,10 +170,8 @@ func PodInterfaces(pinRoot string) ([]string, error) {
 	// Either pin names the interface: one whose other pin could not be
 	// removed is still listed, so it is forgotten again.
 	for _, e := range links {
-		for _, prefix := range []string{podLinkPrefix, podReplyLinkPrefix} {
-			if pinned, ok := strings.CutPrefix(e.Name(), prefix); ok {
-				add(pinned)
-			}
+		if pin, ok := ParseLinkPin(e.Name()); ok && (pin.Hook == HookTCPod || pin.Hook == HookTCPodReply) {
+			add(pin.Ifname)
 		}
 	}
 	marks, err := readDirIfAny(clsactPodsDir(pinRoot))
@@ -187,7 +179,7 @@ func PodInterfaces(pinRoot string) ([]string, error) {
 		return nil, err
 	}
 	for _, e := range marks {
-		add(e.Name())
+		add(IfnameOfPin(e.Name()))
 	}
 	return out, nil
 }

@@ -141,7 +141,7 @@ func detachCommand() *cli.Command {
 				return errors.Join(err, releaseErr)
 			}
 			for _, a := range links {
-				if a.Hook == "cgroup" {
+				if a.Hook == loader.HookCgroup {
 					fmt.Fprintf(c.App.Writer, "detached cgroup %s from the host's sockets\n", a.Mode)
 					continue
 				}

@@ -249,7 +249,8 @@ func agentAlive(pid uint32) bool {
 }
 
 // LinkNames lists the pinned links under pinRoot by their names alone
-// (interface, hook and mode), without opening them.
+// (interface, hook and mode; see loader.ParseLinkPin), without opening
+// them.
 func LinkNames(pinRoot string) ([]Attachment, error) {
 	dir := filepath.Join(loader.Dir(pinRoot), "links")
 	entries, err := os.ReadDir(dir)
@@ -261,27 +262,13 @@ func LinkNames(pinRoot string) ([]Attachment, error) {
 	}
 	var out []Attachment
 	for _, e := range entries {
-		a := Attachment{}
-		name := e.Name()
-		// The interface's name as the pin carries it (loader.PinIfname).
-		iface := func(prefix string) string { return loader.IfnameOfPin(strings.TrimPrefix(name, prefix)) }
-		switch {
-		case strings.HasPrefix(name, "xdp-native-"):
-			a.Hook, a.Mode, a.Interface = "xdp", "native", iface("xdp-native-")
-		case strings.HasPrefix(name, "xdp-generic-"):
-			a.Hook, a.Mode, a.Interface = "xdp", "generic", iface("xdp-generic-")
-		case strings.HasPrefix(name, "tc-ingress-"):
-			a.Hook, a.Mode, a.Interface = "tc-ingress", "tcx", iface("tc-ingress-")
-		case strings.HasPrefix(name, "tc-egress-"):
-			a.Hook, a.Mode, a.Interface = "tc-egress", "tcx", iface("tc-egress-")
-		case strings.HasPrefix(name, "tc-pod-"):
-			a.Hook, a.Mode, a.Interface = "tc-pod", "tcx", iface("tc-pod-")
-		case strings.HasPrefix(name, "tc-podreply-"):
-			a.Hook, a.Mode, a.Interface = "tc-podreply", "tcx", iface("tc-podreply-")
-		case strings.HasPrefix(name, "cgroup-"):
-			a.Hook, a.Mode, a.Interface = "cgroup", strings.TrimPrefix(name, "cgroup-"), "(cgroup)"
-		default:
+		pin, ok := loader.ParseLinkPin(e.Name())
+		if !ok {
 			continue
+		}
+		a := Attachment{Hook: pin.Hook, Mode: pin.Mode, Interface: pin.Ifname}
+		if pin.Hook == loader.HookCgroup {
+			a.Interface = "(cgroup)"
 		}
 		out = append(out, a)
 	}
@@ -291,14 +278,13 @@ func LinkNames(pinRoot string) ([]Attachment, error) {
 	return out, nil
 }
 
-func linkPinName(a Attachment) string {
-	switch a.Hook {
-	case "xdp":
-		return "xdp-" + a.Mode + "-" + loader.PinIfname(a.Interface)
-	case "cgroup":
-		return "cgroup-" + a.Mode
+// linkPin is the pinned link an Attachment was read from.
+func linkPin(a Attachment) loader.LinkPin {
+	pin := loader.LinkPin{Hook: a.Hook, Mode: a.Mode, Ifname: a.Interface}
+	if a.Hook == loader.HookCgroup {
+		pin.Ifname = ""
 	}
-	return a.Hook + "-" + loader.PinIfname(a.Interface)
+	return pin
 }
 
 // attachments reads the pinned links.
@@ -314,7 +300,7 @@ func attachments(pinRoot string) ([]Attachment, error) {
 	}
 	var out []Attachment
 	for _, a := range names {
-		name := linkPinName(a)
+		name := linkPin(a).Name()
 		l, err := link.LoadPinnedLink(filepath.Join(dir, name), nil)
 		if err != nil {
 			return nil, fmt.Errorf("open pinned link %s: %w", name, err)
