@@ -487,7 +487,7 @@ func measurementNotes(e *env) []string {
 		"New-flow repetitions are bounded in count so no backend runs out of NAT ports (16 backends per target Service); conntrack is emptied between repetitions. Reaching a port limit is the snat-exhaust scenario's subject: one backend, 100k new flows.",
 	}
 	if len(e.controlCPUs) > 0 {
-		notes = append(notes, fmt.Sprintf("The control plane (etcd, kube-apiserver, kube-proxy's and xdplb's agent processes) is bound to CPU %s, off the generator's CPU, where the packet path runs: on an edge node the API server is elsewhere. Unbound, the API server and etcd cost the xdplb figures 5-15%% here (kube-proxy's less), more at 10k Services.", joinInts(e.controlCPUs)))
+		notes = append(notes, fmt.Sprintf("The control plane (etcd, kube-apiserver, kube-proxy's and xdplb's agent processes) is bound to CPU %s, off the generator's CPU, where the packet path runs: on an edge node the API server is elsewhere. Unbound, they share that CPU with it (perf/README.md says what that cost).", joinInts(e.controlCPUs)))
 	} else {
 		notes = append(notes, "The control plane (etcd, kube-apiserver, kube-proxy's and xdplb's agent processes) shares the generator's CPUs: the generator takes them all.")
 	}
