@@ -230,7 +230,7 @@ func TestAgentKeepsFlowsOfARenamedPort(t *testing.T) {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "rename", Name: "web", ResourceVersion: fmt.Sprint(len(ports))},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, ClusterIP: "10.96.0.10",
-				ClusterIPs: []string{"10.96.0.10"}},
+				ClusterIPs: []string{"10.96.0.10"}, Selector: map[string]string{"app": "web"}},
 		}
 		slice := &discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "rename", Name: "web-1", ResourceVersion: fmt.Sprint(len(ports)),

@@ -509,11 +509,15 @@ func TestRenamedPortKeepsItsEndpoints(t *testing.T) {
 	twoNamed := []discoveryv1.EndpointPort{epPort("http", corev1.ProtocolTCP, 8080), epPort("metrics", corev1.ProtocolTCP, 9090)}
 	secondPort := withPorts(port("http", 80, intstr.FromInt32(8080)), port("metrics", 9090, intstr.FromInt32(9090)))
 	endpoint := ep("10.0.1.1", "node-b", "RS")
+	// The controller keeps the slices of Services with a selector.
+	selected := func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} }
 	tests := []struct {
 		name  string
 		svc   *corev1.Service
 		slice *discoveryv1.EndpointSlice
 		want  map[string][]string
+		// noSelector leaves the Service without a selector.
+		noSelector bool
 	}{
 		{
 			name:  "a second port named the first",
@@ -536,6 +540,16 @@ func TestRenamedPortKeepsItsEndpoints(t *testing.T) {
 			slice: controller(newSlice("web", "web-1", unnamed, endpoint)),
 			want: map[string][]string{
 				"default/web:http/TCP":    {"10.0.1.1:8080 RS"},
+				"default/web:metrics/TCP": nil,
+			},
+		},
+		{
+			name:       "not for a Service without a selector: the controller leaves its slices",
+			svc:        newService("web", secondPort),
+			noSelector: true,
+			slice:      controller(newSlice("web", "web-1", unnamed, endpoint)),
+			want: map[string][]string{
+				"default/web:http/TCP":    nil,
 				"default/web:metrics/TCP": nil,
 			},
 		},
@@ -590,6 +604,9 @@ func TestRenamedPortKeepsItsEndpoints(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			if !tc.noSelector {
+				selected(tc.svc)
+			}
 			st, probs := compute(t, []*corev1.Service{tc.svc}, tc.slice)
 			if len(probs) > 0 {
 				t.Errorf("problems: %v", probs)

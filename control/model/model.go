@@ -33,8 +33,9 @@
 //   - A Service port renamed has, until the EndpointSlice controller
 //     rewrites the Service's slices, the endpoints of the controller's
 //     slice port that is named after no port of the Service and has its
-//     protocol and numeric target port (see slice.port): kube-proxy has
-//     none in that gap, and xdplb would end their flows.
+//     protocol and numeric target port, while the Service has a selector
+//     (see slice.port): kube-proxy has none in that gap, and xdplb would
+//     end their flows.
 package model
 
 import (
@@ -302,7 +303,7 @@ func (c *computer) addService(svc *corev1.Service, svcSlices []*slice) {
 		add(ExternalIP, externalIPs, p.Port)
 
 		p.Endpoints = endpointsFor(svcSlices, servicePort{name: sp.Name, proto: proto,
-			target: targetPortNumber(sp), named: named}, c.node.Name)
+			target: targetPortNumber(sp), named: named, selector: spec.Selector != nil}, c.node.Name)
 		p.ClusterSet = topologySet(chooseSet(p.Endpoints, false), c.node)
 		p.LocalSet = chooseSet(p.Endpoints, true)
 		c.ports = append(c.ports, port{Service: p, created: svc.CreationTimestamp.Time})

@@ -33,6 +33,10 @@ type servicePort struct {
 	target uint16
 	// named holds every port name (with protocol) of the Service.
 	named map[portName]bool
+	// selector: the Service has a selector, so the EndpointSlice
+	// controller keeps its slices in step with it (without one it leaves
+	// the slices it wrote as they are).
+	selector bool
 }
 
 // portName is a Service port's name and protocol: what a slice port
@@ -195,7 +199,8 @@ func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 // rewrites them: until then, a port of the slice that is named after no
 // port of the Service, of the same protocol and the Service port's target
 // port number, is the renamed port, as the controller is about to write
-// it. Without that, the renamed port would have no endpoints for a sync
+// it (only while the Service has a selector: without one the controller
+// never rewrites its slices). Without that, the renamed port would have no endpoints for a sync
 // or two and its backends' flows would end.
 func (s *slice) port(p servicePort) (uint16, bool) {
 	for _, q := range s.ports {
@@ -203,7 +208,7 @@ func (s *slice) port(p servicePort) (uint16, bool) {
 			return q.port, true
 		}
 	}
-	if !s.fromController || p.target == 0 {
+	if !s.fromController || !p.selector || p.target == 0 {
 		return 0, false
 	}
 	for _, q := range s.ports {
