@@ -2,7 +2,6 @@ package loader
 
 import (
 	"fmt"
-	"runtime"
 
 	"github.com/cilium/ebpf"
 
@@ -23,6 +22,12 @@ func (o Options) MapMemory() (map[string]uint64, error) {
 	if err := sizeMaps(spec, o); err != nil {
 		return nil, err
 	}
+	// Per-CPU values exist for every possible CPU, not only those this
+	// process may run on (runtime.NumCPU).
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("possible CPUs: %w", err)
+	}
 	round := func(n uint32) uint64 { return (uint64(n) + 7) &^ 7 }
 	out := map[string]uint64{}
 	for name, ms := range spec.Maps {
@@ -38,7 +43,7 @@ func (o Options) MapMemory() (map[string]uint64, error) {
 		case ebpf.LPMTrie:
 			out[name] = entries * (key + value + 48)
 		case ebpf.PerCPUArray:
-			out[name] = entries * value * uint64(runtime.NumCPU())
+			out[name] = entries * value * uint64(cpus)
 		default:
 			out[name] = entries * value
 		}

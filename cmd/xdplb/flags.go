@@ -61,7 +61,7 @@ var allowed = map[string]string{
 	"services-max":            "2 to 4194304; " + fitsMemory,
 	"backends-max":            "2 to 16777216; " + fitsMemory,
 	"frontends-max":           "1 to 16777216; " + fitsMemory,
-	"memory-limit":            "a quantity of bytes (1073741824, 1024Mi, 1Gi) of at least " + byteSize(minMemoryLimit) + ", of which the agent takes " + byteSize(agentReserve) + "; empty for none",
+	"memory-limit":            "a quantity of bytes (1073741824, 1024Mi, 1Gi) of at least " + byteSize(minMemoryLimit) + ", of which the agent takes " + byteSize(agentReserve) + " (the inner Maglev tables, which grow with the Services, are not counted); empty for none",
 	"tcp-established-timeout": "1s to 168h " + goDuration,
 	"tcp-transient-timeout":   "1s to 168h " + goDuration,
 	"udp-timeout":             "1s to 168h " + goDuration,

@@ -265,6 +265,8 @@ func agentCases(dir string) []flagCase {
 		{name: "memory-limit not a quantity", set: map[string]string{"memory-limit": "lots"}, flag: "memory-limit", want: "not a quantity of bytes"},
 		{name: "memory-limit too small", set: map[string]string{"memory-limit": "100Mi"}, flag: "memory-limit", want: "below 256 MiB"},
 		{name: "memory-limit too large", set: map[string]string{"memory-limit": "9Ei"}, flag: "memory-limit", want: "out of range"},
+		{name: "conntrack-max beyond a fractional memory limit", set: map[string]string{"memory-limit": "0.5Gi", "conntrack-max": "4194304"},
+			flag: "conntrack-max", want: "the 320 MiB that --memory-limit 512 MiB leaves"},
 		{name: "conntrack-max beyond the memory limit", set: map[string]string{"memory-limit": "1Gi", "conntrack-max": "4194304"},
 			flag: "conntrack-max", want: "--memory-limit 1.0 GiB leaves beside the agent's 192 MiB"},
 		{name: "tcp-established-timeout without unit", set: map[string]string{"tcp-established-timeout": "5"}, flag: "tcp-established-timeout", want: "not a duration"},

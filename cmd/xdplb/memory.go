@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -118,11 +119,10 @@ func memoryLimit(c *cli.Context) (uint64, error) {
 	if q.Cmp(*resource.NewQuantity(minMemoryLimit, resource.BinarySI)) < 0 {
 		return 0, flagError("memory-limit", v, "below "+byteSize(minMemoryLimit)+": the agent alone takes up to "+byteSize(agentReserve))
 	}
-	n, ok := q.AsInt64()
-	if !ok {
+	if q.CmpInt64(math.MaxInt64) >= 0 { // ParseQuantity caps larger values there
 		return 0, flagError("memory-limit", v, "out of range")
 	}
-	return uint64(n), nil
+	return uint64(q.Value()), nil // fractions of a byte round up
 }
 
 // byteSize is n bytes in GiB, or MiB below one GiB.
