@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// HiddenVLANs returns the VLAN devices on ifname whose frames XDP sees
+// HiddenVLANs returns the 802.1Q VLAN devices on ifname whose frames XDP sees
 // without their tag: the NIC strips VLAN tags in hardware (ethtool's
 // rx-vlan-offload) and hands XDP the bare frame, which it cannot tell from
 // untagged traffic (TC sees the tag in the skb and leaves such frames to
@@ -24,8 +24,11 @@ func HiddenVLANs(ifname string) ([]string, error) {
 	}
 	var vlans []string
 	for _, l := range links {
-		if l.Type() == "vlan" && l.Attrs().ParentIndex == nic.Attrs().Index {
-			vlans = append(vlans, l.Attrs().Name)
+		// 802.1ad devices are left out: rx-vlan-offload strips 802.1Q
+		// tags only (S-tags have a flag of their own, which
+		// ETHTOOL_GFLAGS does not report).
+		if v, ok := l.(*netlink.Vlan); ok && v.ParentIndex == nic.Attrs().Index && v.VlanProtocol != netlink.VLAN_PROTOCOL_8021AD {
+			vlans = append(vlans, v.Name)
 		}
 	}
 	if len(vlans) == 0 {
