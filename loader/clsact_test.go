@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 
 	"github.com/xdplb/xdplb/tests/testenv"
@@ -21,15 +20,7 @@ func TestClsactFallbackBothDirections(t *testing.T) {
 	peer := testenv.NewNetns(t, "clsp")
 	testenv.Veth(t, ns, "c0", peer, "c1")
 
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type:         ebpf.SchedCLS,
-		License:      "GPL",
-		Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
+	prog := testenv.PassingTCProgram(t)
 
 	// Filter names on each hook; runs in the namespace's thread, so
 	// failures are returned.
@@ -47,7 +38,7 @@ func TestClsactFallbackBothDirections(t *testing.T) {
 		slices.Sort(out)
 		return out, nil
 	}
-	err = ns.Do(func() error {
+	err := ns.Do(func() error {
 		dev, err := netlink.LinkByName("c0")
 		if err != nil {
 			return err
@@ -113,19 +104,7 @@ func TestClsactFiltersArePutBack(t *testing.T) {
 	ns := testenv.NewNetns(t, "clr")
 	peer := testenv.NewNetns(t, "clrp")
 	testenv.Veth(t, ns, "c0", peer, "c1")
-	newProg := func() *ebpf.Program {
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-			Type:         ebpf.SchedCLS,
-			License:      "GPL",
-			Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { prog.Close() })
-		return prog
-	}
-	earlier, later := newProg(), newProg()
+	earlier, later := testenv.PassingTCProgram(t), testenv.PassingTCProgram(t)
 	info, err := earlier.Info()
 	if err != nil {
 		t.Fatal(err)

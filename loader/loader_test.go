@@ -195,14 +195,7 @@ func TestResizeMovesSNATSlots(t *testing.T) {
 	opts, dp, backend, node, slot := loadWithSNATSlot(t, root)
 	// The backend's flows use the last bucket, which the new layout no
 	// longer has: the move gives the backend another.
-	buckets := opts.SNATBuckets()
-	hint := xdp.SNATHint(backend, node, 6)
-	if err := dp.Maps.SNATBucketHints.Put(hint, buckets); err != nil {
-		t.Fatal(err)
-	}
-	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(buckets-1, 40500, 40000, 40999), slot); err != nil {
-		t.Fatal(err)
-	}
+	_, buckets := putSlotInLastBucket(t, dp, backend, node, slot)
 	dp.Close()
 
 	opts.SNATPortMin, opts.SNATPortMax = 40000, 49999
@@ -262,6 +255,24 @@ func loadWithSNATSlot(t *testing.T, root string) (loader.Options, *loader.Datapa
 		Daddr: xdp.AddrToNet(node), Dport: xdp.PortToNet(40500), Proto: 6}, Generation: 1}
 	slot.Rev.ClientPort = xdp.PortToNet(5555)
 	return opts, dp, backend, node, slot
+}
+
+// putSlotInLastBucket gives backend the last SNAT bucket of the loaded
+// layout, as a running datapath does in turn, and puts the claimed slot
+// of port 40500 there. It returns the backend's key in the hints and the
+// number of buckets.
+func putSlotInLastBucket(t *testing.T, dp *loader.Datapath, backend netip.AddrPort, node netip.Addr, slot xdp.NicSnatSlot) (hint, buckets uint32) {
+	t.Helper()
+	buckets = dp.Options().SNATBuckets()
+	hint = xdp.SNATHint(backend, node, slot.Key.Proto)
+	// A hint is its bucket plus one: 0 is no bucket.
+	if err := dp.Maps.SNATBucketHints.Put(hint, buckets); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(buckets-1, 40500, 40000, 40999), slot); err != nil {
+		t.Fatal(err)
+	}
+	return hint, buckets
 }
 
 // expectSlotAtHint checks that the slot of want's port in the bucket the

@@ -358,16 +358,9 @@ func TestLoadRemovesAnInterruptedSwapsLeftovers(t *testing.T) {
 func TestFailedResizeLeavesTheSNATHints(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts, dp, backend, node, slot := loadWithSNATSlot(t, root)
-	buckets := opts.SNATBuckets()
-	hint := xdp.SNATHint(backend, node, 6)
 	// The last bucket: one the new layout no longer has, so the move
 	// gives the backend another.
-	if err := dp.Maps.SNATBucketHints.Put(hint, buckets); err != nil {
-		t.Fatal(err)
-	}
-	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(buckets-1, 40500, 40000, 40999), slot); err != nil {
-		t.Fatal(err)
-	}
+	hint, buckets := putSlotInLastBucket(t, dp, backend, node, slot)
 	var next uint32
 	if err := dp.Maps.SNATBucketHints.Lookup(uint32(xdp.SNATHintNext), &next); err != nil {
 		t.Fatal(err)

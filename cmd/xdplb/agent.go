@@ -116,10 +116,13 @@ func agentFlags() []cli.Flag {
 	}
 }
 
-// runAgent starts the agent with a validated configuration and runs it
-// until ctx ends. Tests replace it to see the configuration without
-// attaching anything.
-var runAgent = func(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
+// An agentRunner runs the agent with a validated configuration until ctx
+// ends. Tests pass their own to see the configuration, or to stop right
+// after the start.
+type agentRunner func(ctx context.Context, cfg agent.Config, log *slog.Logger) error
+
+// runAgent starts the agent and runs it until ctx ends.
+func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
 	a, err := agent.Start(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -132,7 +135,7 @@ var runAgent = func(ctx context.Context, cfg agent.Config, log *slog.Logger) err
 	return nil
 }
 
-func agentCommand() *cli.Command {
+func agentCommand(runAgent agentRunner) *cli.Command {
 	return &cli.Command{
 		Name:  "agent",
 		Usage: "attach the datapath and keep it in step with Services and EndpointSlices",

@@ -5,10 +5,10 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/xdplb/xdplb/tests/testenv"
 )
 
 // A detach under a root with nothing pinned (a typo, or a second cleanup)
@@ -17,15 +17,7 @@ import (
 func TestDetachWithNothingPinnedTouchesNothing(t *testing.T) {
 	cleanEnv(t)
 	ns := testNetns(t)
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type:         ebpf.SchedCLS,
-		License:      "GPL",
-		Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prog.Close()
+	prog := testenv.PassingTCProgram(t)
 	// What the clsact fallback of an agent on another root attaches.
 	filters := func() (int, error) {
 		dev, err := netlink.LinkByName(testIface)
@@ -44,7 +36,7 @@ func TestDetachWithNothingPinnedTouchesNothing(t *testing.T) {
 		}
 		return n, nil
 	}
-	err = ns.Do(func() error {
+	err := ns.Do(func() error {
 		dev, err := netlink.LinkByName(testIface)
 		if err != nil {
 			return err

@@ -23,7 +23,7 @@ import (
 // kernel drops the lock), detach goes ahead.
 func TestCommandsSeeAStartingAgent(t *testing.T) {
 	ns := testNetns(t)
-	startOnly(t)
+	agents := startOnly()
 	cleanEnv(t)
 	dir := t.TempDir()
 	services := filepath.Join(dir, "services.yaml")
@@ -31,7 +31,7 @@ func TestCommandsSeeAStartingAgent(t *testing.T) {
 	// An earlier agent attached the datapath and stopped.
 	root := t.TempDir()
 	cleanupRoot(t, ns, root)
-	if r := runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, services)...); r.code != exitOK {
+	if r := agents.runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, services)...); r.code != exitOK {
 		t.Fatalf("agent: exit %d\n%s", r.code, r.stderr)
 	}
 	maps, err := loader.OpenPinned(root)
@@ -72,7 +72,7 @@ func TestCommandsSeeAStartingAgent(t *testing.T) {
 
 	// A second agent on the same pins fails before it attaches anything:
 	// the interface keeps the programs it has.
-	r = runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, services)...)
+	r = agents.runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, services)...)
 	if want := fmt.Sprintf("xdplb: the pins under %s are held by another xdplb process (pid %d): one agent runs per --bpffs-root\n", root, pid); r.code != exitFailure || r.stderr != want {
 		t.Errorf("second agent: exit %d, %q; want exit 1 and %q", r.code, r.stderr, want)
 	}

@@ -39,19 +39,15 @@ const (
 )
 
 func main() {
-	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+	os.Exit(run(context.Background(), os.Args, os.Stdout, os.Stderr, runAgent))
 }
 
 // run executes the command line and returns the exit code: 0 on success,
-// 2 for invalid usage (nothing was attached or changed), 1 otherwise. The
-// agent runs until SIGTERM or SIGINT (see untilSignalled).
-func run(args []string, stdout, stderr io.Writer) int {
-	return runContext(context.Background(), args, stdout, stderr)
-}
-
-// runContext is run with the agent running until ctx ends.
-func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	app := newApp(stdout, stderr)
+// 2 for invalid usage (nothing was attached or changed), 1 otherwise.
+// The agent command hands its validated configuration to agent, which
+// runs until ctx ends or SIGTERM or SIGINT arrives (see untilSignalled).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, agent agentRunner) int {
+	app := newApp(stdout, stderr, agent)
 	err := app.RunContext(ctx, args)
 	if err == nil {
 		return exitOK
@@ -69,9 +65,9 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return code
 }
 
-func newApp(stdout, stderr io.Writer) *cli.App {
+func newApp(stdout, stderr io.Writer, agent agentRunner) *cli.App {
 	commands := []*cli.Command{
-		agentCommand(),
+		agentCommand(agent),
 		detachCommand(),
 		statusCommand(),
 		servicesCommand(),

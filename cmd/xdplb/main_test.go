@@ -63,17 +63,24 @@ type result struct {
 	stdout, stderr string
 }
 
-// runIn runs the command line in-process, with the agent's context already
-// cancelled: an agent that got past validation returns right after it
-// started. With ns set, it runs on a thread inside that namespace.
+// runIn runs the command line in-process with the real agent, whose
+// context is already cancelled: an agent that got past validation returns
+// right after it started. With ns set, it runs on a thread inside that
+// namespace.
 func runIn(t *testing.T, ns *testenv.Netns, args ...string) result {
+	t.Helper()
+	return runWith(t, ns, runAgent, args...)
+}
+
+// runWith is runIn with the agent's run replaced by runner.
+func runWith(t *testing.T, ns *testenv.Netns, runner agentRunner, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	var out, errb bytes.Buffer
 	var r result
 	do := func() error {
-		r.code = runContext(ctx, append([]string{"xdplb"}, args...), &out, &errb)
+		r.code = run(ctx, append([]string{"xdplb"}, args...), &out, &errb, runner)
 		return nil
 	}
 	if ns != nil {
@@ -87,38 +94,44 @@ func runIn(t *testing.T, ns *testenv.Netns, args ...string) result {
 	return r
 }
 
-// startOnly replaces the agent's run: it loads and attaches the datapath
-// on the calling thread (inside the test namespace) and returns, so a
-// test sees whatever an agent that passed validation would attach, and no
-// goroutine of the agent runs outside the namespace.
-func startOnly(t *testing.T) *[]agent.Config {
+// An agentRecorder stands in for the agent's run and records the
+// configurations it was given.
+type agentRecorder struct {
+	started []agent.Config
+	run     agentRunner
+}
+
+// runIn is the package's runIn with the recorder as the agent's run.
+func (a *agentRecorder) runIn(t *testing.T, ns *testenv.Netns, args ...string) result {
 	t.Helper()
-	var started []agent.Config
-	prev := runAgent
-	runAgent = func(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
-		started = append(started, cfg)
-		a, err := agent.Start(ctx, cfg, log)
+	return runWith(t, ns, a.run, args...)
+}
+
+// startOnly loads and attaches the datapath on the calling thread (inside
+// the test namespace) and returns, so a test sees whatever an agent that
+// passed validation would attach, and no goroutine of the agent runs
+// outside the namespace.
+func startOnly() *agentRecorder {
+	a := &agentRecorder{}
+	a.run = func(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
+		a.started = append(a.started, cfg)
+		started, err := agent.Start(ctx, cfg, log)
 		if err == nil {
-			a.Close() // as an agent does when it stops
+			started.Close() // as an agent does when it stops
 		}
 		return err
 	}
-	t.Cleanup(func() { runAgent = prev })
-	return &started
+	return a
 }
 
-// captureConfig replaces the agent's run with one that only records the
-// validated configuration.
-func captureConfig(t *testing.T) *[]agent.Config {
-	t.Helper()
-	var got []agent.Config
-	prev := runAgent
-	runAgent = func(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
-		got = append(got, cfg)
+// captureConfig only records the validated configuration.
+func captureConfig() *agentRecorder {
+	a := &agentRecorder{}
+	a.run = func(ctx context.Context, cfg agent.Config, log *slog.Logger) error {
+		a.started = append(a.started, cfg)
 		return nil
 	}
-	t.Cleanup(func() { runAgent = prev })
-	return &got
+	return a
 }
 
 // testNetns is a namespace with a veth pair (testIface and its peer) and
@@ -423,7 +436,7 @@ func checkUsageError(t *testing.T, r result, flag, allowedOf, want string) {
 // mounted, pinned, attached or reserved.
 func TestAgentFlagValidation(t *testing.T) {
 	ns := testNetns(t)
-	startOnly(t)
+	agents := startOnly()
 	dir := t.TempDir()
 	servicesFile := filepath.Join(dir, "services.yaml")
 	if err := os.WriteFile(filepath.Join(dir, "plain-file"), []byte("not a directory\n"), 0o644); err != nil {
@@ -439,7 +452,7 @@ func TestAgentFlagValidation(t *testing.T) {
 			root := t.TempDir()
 			cleanupRoot(t, ns, root)
 			before := observe(t, ns, root, testIface)
-			r := runIn(t, ns, c.args(root, servicesFile)...)
+			r := agents.runIn(t, ns, c.args(root, servicesFile)...)
 			checkUsageError(t, r, c.flag, c.allowedOf, c.want)
 			after := observe(t, ns, root, testIface)
 			if after.bpffs || len(after.entries) > 0 {
@@ -460,14 +473,14 @@ func TestAgentFlagValidation(t *testing.T) {
 // datapath mounted, pinned and attached; `xdplb detach` removes it all.
 func TestValidFlagsAttach(t *testing.T) {
 	ns := testNetns(t)
-	started := startOnly(t)
+	agents := startOnly()
 	cleanEnv(t)
 	dir := t.TempDir()
 	root := t.TempDir()
 	cleanupRoot(t, ns, root)
-	r := runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, filepath.Join(dir, "services.yaml"))...)
-	if r.code != exitOK || len(*started) != 1 {
-		t.Fatalf("exit code %d (agent started %d times)\nstderr: %s", r.code, len(*started), r.stderr)
+	r := agents.runIn(t, ns, flagCase{set: map[string]string{"cgroup-root": "off"}}.args(root, filepath.Join(dir, "services.yaml"))...)
+	if r.code != exitOK || len(agents.started) != 1 {
+		t.Fatalf("exit code %d (agent started %d times)\nstderr: %s", r.code, len(agents.started), r.stderr)
 	}
 	s := observe(t, ns, root, testIface)
 	if !s.bpffs || !slices.Contains(s.entries, "xdplb") {
@@ -513,14 +526,14 @@ func TestValidFlagsAttach(t *testing.T) {
 func TestDottedIfaceAttaches(t *testing.T) {
 	const vlan = "xlb0.5"
 	ns := testNetns(t, vlan, "xlb1")
-	started := startOnly(t)
+	agents := startOnly()
 	cleanEnv(t)
 	root := t.TempDir()
 	cleanupRoot(t, ns, root)
-	r := runIn(t, ns, flagCase{set: map[string]string{"iface": vlan, "cgroup-root": "off"}}.args(root,
+	r := agents.runIn(t, ns, flagCase{set: map[string]string{"iface": vlan, "cgroup-root": "off"}}.args(root,
 		filepath.Join(t.TempDir(), "services.yaml"))...)
-	if r.code != exitOK || len(*started) != 1 {
-		t.Fatalf("exit code %d (agent started %d times)\nstderr: %s", r.code, len(*started), r.stderr)
+	if r.code != exitOK || len(agents.started) != 1 {
+		t.Fatalf("exit code %d (agent started %d times)\nstderr: %s", r.code, len(agents.started), r.stderr)
 	}
 	if s := observe(t, ns, root, vlan); s.xdpProg == 0 || s.tcxProgs != 2 {
 		t.Errorf("on %s: XDP program id %d, %d tcx programs; want XDP and TC ingress and egress", vlan, s.xdpProg, s.tcxProgs)
@@ -566,18 +579,18 @@ func TestEveryAgentFlagHasInvalidCases(t *testing.T) {
 // ConfigMap in deploy/ passes validation.
 func TestDefaultsValidate(t *testing.T) {
 	ns := testNetns(t, "eth0", "xlb1")
-	got := captureConfig(t)
+	agents := captureConfig()
 	dir := t.TempDir()
 	servicesFile := filepath.Join(dir, "services.yaml")
 
 	t.Run("defaults", func(t *testing.T) {
 		cleanEnv(t)
-		*got = nil
-		r := runIn(t, ns, "agent", "--iface", "eth0", "--services-file", servicesFile)
-		if r.code != exitOK || len(*got) != 1 {
-			t.Fatalf("exit code %d, %d configs\n%s", r.code, len(*got), r.stderr)
+		agents.started = nil
+		r := agents.runIn(t, ns, "agent", "--iface", "eth0", "--services-file", servicesFile)
+		if r.code != exitOK || len(agents.started) != 1 {
+			t.Fatalf("exit code %d, %d configs\n%s", r.code, len(agents.started), r.stderr)
 		}
-		cfg := (*got)[0]
+		cfg := agents.started[0]
 		d := loader.DefaultOptions()
 		d.AffinityMax = d.ConntrackMax / 8
 		d.SourceRangesMax = d.ServicesMax
@@ -600,12 +613,12 @@ func TestDefaultsValidate(t *testing.T) {
 			"XDPLB_MAGLEV_TABLE_SIZE": "251", "NODE_NAME": "edge-1", "XDPLB_UDP_TIMEOUT": "30s",
 			"XDPLB_NODEPORT_ADDRESSES": "192.0.2.0/24", "XDPLB_XDP_MODE": "generic", "XDPLB_ICMP_RATE": "0",
 		})
-		*got = nil
-		r := runIn(t, ns, "agent", "--maglev-table-size", "509")
-		if r.code != exitOK || len(*got) != 1 {
+		agents.started = nil
+		r := agents.runIn(t, ns, "agent", "--maglev-table-size", "509")
+		if r.code != exitOK || len(agents.started) != 1 {
 			t.Fatalf("exit code %d\n%s", r.code, r.stderr)
 		}
-		cfg := (*got)[0]
+		cfg := agents.started[0]
 		if !slices.Equal(cfg.Interfaces, []string{"eth0", "xlb1"}) || cfg.ServicesFile != servicesFile ||
 			cfg.Datapath.ConntrackMax != 2048 || cfg.Datapath.NATMax != 2048 || cfg.NodeName != "edge-1" ||
 			cfg.Datapath.UDPTimeout != 30*time.Second || cfg.XDPMode != loader.XDPGeneric || cfg.Datapath.ICMPRate != 0 ||
@@ -642,9 +655,9 @@ func TestDefaultsValidate(t *testing.T) {
 			t.Errorf("XDPLB_HOST_PROC_SYS = %q, want /host/proc/sys", cm.Data["XDPLB_HOST_PROC_SYS"])
 		}
 		t.Setenv("XDPLB_HOST_PROC_SYS", "/proc/sys")
-		*got = nil
-		r := runIn(t, ns, "agent", "--services-file", servicesFile)
-		if r.code != exitOK || len(*got) != 1 {
+		agents.started = nil
+		r := agents.runIn(t, ns, "agent", "--services-file", servicesFile)
+		if r.code != exitOK || len(agents.started) != 1 {
 			t.Fatalf("deploy/configmap.yaml does not validate: exit code %d\n%s", r.code, r.stderr)
 		}
 	})
