@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -498,9 +499,11 @@ func (d *Datapath) RefreshInterface(ifname string) error {
 }
 
 // NICAttached reports whether an earlier agent left the datapath attached
-// to the interface (a pinned XDP or TC link). A pin that cannot be
-// looked up for another reason than its absence counts as one: an
-// interface it calls not attached is detached after a failed start.
+// to the interface: a pinned XDP or TC link, or the device registered as
+// a NIC in the pinned maps (TC programs attached through clsact, on
+// kernels without tcx, pin nothing). A pin or map that cannot be looked
+// up for another reason than its absence counts as one: an interface it
+// calls not attached is detached after a failed start.
 func NICAttached(pinRoot, ifname string) bool {
 	for _, p := range []string{
 		xdpLinkPath(pinRoot, XDPNative, ifname),
@@ -512,7 +515,53 @@ func NICAttached(pinRoot, ifname string) bool {
 			return true
 		}
 	}
-	return false
+	dev, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return false // no device, nothing attached to it
+	}
+	registered, err := pinnedNICs(pinRoot)
+	return err != nil || slices.Contains(registered, uint32(dev.Attrs().Index))
+}
+
+// DatapathAttached reports whether an earlier agent left the datapath
+// attached anywhere under pinRoot: a pinned link (an interface or the
+// host's sockets), a pod interface's clsact mark, or a NIC registered in
+// the pinned maps. Unreadable state counts as attached.
+func DatapathAttached(pinRoot string) bool {
+	for _, dir := range []string{linksDir(pinRoot), clsactPodsDir(pinRoot)} {
+		entries, err := readDirIfAny(dir)
+		if err != nil || len(entries) > 0 {
+			return true
+		}
+	}
+	registered, err := pinnedNICs(pinRoot)
+	return err != nil || len(registered) > 0
+}
+
+// pinnedNICs lists the devices registered as NICs (XDP redirect targets)
+// in the pinned tx_ports map; none when nothing is pinned.
+func pinnedNICs(pinRoot string) ([]uint32, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(mapsDir(pinRoot), "tx_ports"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned tx_ports: %w", err)
+	}
+	defer m.Close()
+	var (
+		ifindexes []uint32
+		ifindex   uint32
+		value     = make([]byte, m.ValueSize())
+	)
+	iter := m.Iterate()
+	for iter.Next(&ifindex, &value) {
+		ifindexes = append(ifindexes, ifindex)
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("list pinned tx_ports: %w", err)
+	}
+	return ifindexes, nil
 }
 
 // DetachNIC removes the XDP and TC programs of the datapath from one

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -141,7 +140,7 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	// An earlier agent's datapath still attached goes on translating to
 	// SNAT ports, whatever becomes of this start.
-	earlier := datapathAttached(cfg.Datapath.PinRoot)
+	earlier := loader.DatapathAttached(cfg.Datapath.PinRoot)
 	dp, err := loader.Load(cfg.Datapath, log)
 	if err != nil {
 		closeListeners()
@@ -232,14 +231,6 @@ func revertAndClose(dp *loader.Datapath, fresh []string, log *slog.Logger) error
 	err := dp.Revert()
 	dp.Close()
 	return err
-}
-
-// datapathAttached reports whether an earlier agent left any link pinned
-// under pinRoot: an interface or the host's sockets running its programs.
-func datapathAttached(pinRoot string) bool {
-	entries, err := os.ReadDir(filepath.Join(loader.Dir(pinRoot), "links"))
-	// Unreadable: take it as attached, which keeps the reservation.
-	return len(entries) > 0 || (err != nil && !errors.Is(err, os.ErrNotExist))
 }
 
 // listen takes a server's address; nil for an empty address (server off).
