@@ -118,6 +118,9 @@ func TestUntranslatableFramesPassUntouched(t *testing.T) {
 	binary.BigEndian.PutUint16(badLength[14+2:], 1500) // total length beyond the frame
 	shortIHL := full.Bytes()
 	shortIHL[14] = 0x44
+	// An ICMP header in the frame's padding, past the IPv4 total length.
+	shortICMP := packet.Frame{Src: clientAddr, Dst: nodeAddr, Proto: packet.ICMP, ICMPType: 3}.Bytes()
+	binary.BigEndian.PutUint16(shortICMP[14+2:], 20+4)
 
 	cases := []struct {
 		name  string
@@ -130,6 +133,7 @@ func TestUntranslatableFramesPassUntouched(t *testing.T) {
 		{"truncated tcp header", truncatedTCP, "pass_malformed"},
 		{"total length beyond frame", badLength, "pass_malformed"},
 		{"ihl below 5", shortIHL, "pass_malformed"},
+		{"icmp header past the total length", shortICMP, "pass_malformed"},
 		{"ethernet header only", []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x08, 0x00}, "pass_malformed"},
 		{"truncated ipv4", full.Bytes()[:14+12], "pass_malformed"},
 	}

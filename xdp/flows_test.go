@@ -1569,3 +1569,88 @@ func TestReplyTupleTakenUDPIsDropped(t *testing.T) {
 		t.Error("the UDP flow that lost its reply tuple is still tracked")
 	}
 }
+
+// A program reads the clock once, when it starts, and another CPU may
+// stamp an entry after that: an entry stamped ahead of the clock a
+// program read is live, not idle for centuries. The flow keeps its
+// backend and its SNAT port, the client its affinity.
+func TestEntriesStampedAfterTheClockWasReadAreLive(t *testing.T) {
+	const ahead = uint64(10 * time.Second)
+	t.Run("conntrack", func(t *testing.T) {
+		f := newFixture(t)
+		f.program(udpService())
+		in := udpFrame(clientAddr, 3333, nodeAddr, 30053, "q")
+		f.run(in.Bytes(), f.nic0)
+		raw := ctKeyOf(dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
+			Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: packet.UDP})
+		var e xdp.NicCtEntry
+		if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
+			t.Fatal(err)
+		}
+		e.LastSeenNs += ahead
+		if err := f.dp.Maps.Conntrack.Put(raw, e); err != nil {
+			t.Fatal(err)
+		}
+		f.expectCounters(map[string]uint64{"redirect": 1}, func() {
+			f.run(in.Bytes(), f.nic0)
+		})
+	})
+	t.Run("affinity", func(t *testing.T) {
+		f := newFixture(t)
+		web := webService()
+		web.affinitySeconds = 60
+		f.program(web)
+		first := decode(t, f.run(tcpFrame(farClient, 2000, lbIP, lbPort, packet.SYN, "").Bytes(), f.nic0).out)
+		// The client's entry, rewritten as another CPU would have left
+		// it: another backend, stamped after this program's clock.
+		akey := xdp.NicAffinityKey{SvcId: web.svcID, ClientAddr: xdp.AddrToNet(farClient)}
+		var aff xdp.NicAffinityEntry
+		if err := f.dp.Maps.Affinity.Lookup(akey, &aff); err != nil {
+			t.Fatal(err)
+		}
+		other := backendRemote2
+		if first.Dst == other.Addr {
+			other = backendRemote1
+		}
+		aff.BackendId = map[netip.Addr]uint32{backendRemote1.Addr: 1, backendRemote2.Addr: 2}[other.Addr]
+		aff.BackendAddr, aff.BackendPort = xdp.AddrToNet(other.Addr), xdp.PortToNet(other.Port)
+		aff.LastSeenNs += ahead
+		if err := f.dp.Maps.Affinity.Put(akey, aff); err != nil {
+			t.Fatal(err)
+		}
+		if out := decode(t, f.run(tcpFrame(farClient, 2001, lbIP, lbPort, packet.SYN, "").Bytes(), f.nic0).out); out.Dst != other.Addr {
+			t.Errorf("the client's next connection went to %s, want %s, its affinity", out.Dst, other.Addr)
+		}
+	})
+}
+
+// A reply that finds the flow's forward half evicted rebuilds it only
+// while the flow is within its timeout, by the reverse half's last
+// reply: one idle past it is over, as it would be with its forward half.
+func TestReplyDoesNotReviveAnEvictedExpiredFlow(t *testing.T) {
+	f := newFixture(t)
+	f.program(udpService())
+	f.setTimeouts(time.Hour, time.Minute, 20*time.Millisecond)
+	in := udpFrame(clientAddr, 3334, nodeAddr, 30053, "q")
+	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
+	key := dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
+		Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: packet.UDP}
+	flow, ok, err := f.maps.Flow(key)
+	if err != nil || !ok {
+		t.Fatalf("flow not tracked: %v", err)
+	}
+	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(key)); err != nil {
+		t.Fatal(err)
+	}
+	f.ageReverse(flow) // 2 s: past the 20 ms timeout
+	reply := udpFrame(sent.Dst, sent.DstPort, sent.Src, sent.SrcPort, "late")
+	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
+		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
+	})
+	if _, ok, _ := f.maps.Flow(key); ok {
+		t.Error("a late reply brought the expired flow back")
+	}
+	f.expectCounters(map[string]uint64{"new_flow": 1, "redirect": 1}, func() {
+		f.run(in.Bytes(), f.nic0)
+	})
+}

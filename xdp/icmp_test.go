@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -260,6 +261,53 @@ func TestICMPErrorsReachTheOtherEnd(t *testing.T) {
 				}
 			})
 			expectTranslatedICMP(t, raw, icmp, want)
+		})
+	}
+}
+
+// An ICMP error is translated only when its quote holds the ports of the
+// packet it is about. The quote of a later fragment holds payload bytes
+// where ports would be, and a quote cut short by the error's IPv4 length
+// (the rest of the frame is padding) holds none: both go to the stack as
+// they came, even when those bytes match a live flow's ports.
+func TestICMPErrorsWithoutQuotedPortsPass(t *testing.T) {
+	gw := netip.MustParseAddr("10.1.0.2")
+	for _, tc := range []struct {
+		name  string
+		error func(sent packet.Frame) []byte
+	}{
+		{"control: the packet itself", func(sent packet.Frame) []byte {
+			return icmpError(gwMAC, gw, sent.Src, 4, sent).Bytes()
+		}},
+		{"a later fragment", func(sent packet.Frame) []byte {
+			sent.FragOffset = 185 // byte 1480 of the datagram
+			return icmpError(gwMAC, gw, sent.Src, 4, sent).Bytes()
+		}},
+		{"ports past the IPv4 length", func(sent packet.Frame) []byte {
+			b := icmpError(gwMAC, gw, sent.Src, 4, sent).Bytes()
+			// IPv4 header, ICMP header and the quote's IPv4 header only.
+			ip := b[14:34]
+			binary.BigEndian.PutUint16(ip[2:4], 20+8+20)
+			ip[10], ip[11] = 0, 0
+			binary.BigEndian.PutUint16(ip[10:12], packet.Checksum(ip))
+			return b
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.program(webService())
+			_, sent := startRemoteFlow(t, f)
+			icmp := tc.error(sent)
+			want, verdict := map[string]uint64{"pass_icmp": 1}, uint32(xdpPass)
+			if strings.HasPrefix(tc.name, "control") {
+				want, verdict = map[string]uint64{"icmp_translated": 1, "redirect": 1}, xdpRedirect
+			}
+			var r result
+			f.expectCounters(want, func() { r = f.run(icmp, f.nic1) })
+			f.expectVerdict(r, verdict)
+			if verdict == xdpPass && !bytes.Equal(r.out, icmp) {
+				t.Error("the error was changed")
+			}
 		})
 	}
 }

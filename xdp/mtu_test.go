@@ -48,6 +48,10 @@ func TestTooBigPacketsTellTheSenderTheMTU(t *testing.T) {
 		verdict  uint32
 		counters map[string]uint64
 		from     netip.Addr // ICMP source; invalid: no ICMP expected
+		// The SNAT address the flow keeps for its later packets: the
+		// device's its backend is routed through, even when the first
+		// packet was too big for it. Invalid: not checked.
+		natAddr netip.Addr
 	}{
 		{
 			name: "new flow",
@@ -56,6 +60,7 @@ func TestTooBigPacketsTellTheSenderTheMTU(t *testing.T) {
 				return clientFrame(t, packet.ACK, big), f.nic0
 			},
 			verdict: xdpTX, counters: map[string]uint64{"new_flow": 1, "reject_too_big": 1}, from: nodeAddr,
+			natAddr: nic1Addr,
 		},
 		{
 			name:  "established flow, cached next hop",
@@ -83,6 +88,7 @@ func TestTooBigPacketsTellTheSenderTheMTU(t *testing.T) {
 				return udpFrame(clientAddr, 5000, nodeAddr, 30053, big), f.nic0
 			},
 			verdict: xdpPass, counters: map[string]uint64{"new_flow": 1, "pass_frag_needed": 1},
+			natAddr: nic1Addr,
 		},
 		{
 			name:  "reply, route looked up",
@@ -119,6 +125,14 @@ func TestTooBigPacketsTellTheSenderTheMTU(t *testing.T) {
 			var r result
 			f.expectCounters(tc.counters, func() { r = f.run(in.Bytes(), ifindex) })
 			f.expectVerdict(r, tc.verdict)
+			if tc.natAddr.IsValid() {
+				key := dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
+					Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: in.Proto}
+				flow, ok, err := f.maps.Flow(key)
+				if err != nil || !ok || flow.NAT.Addr() != tc.natAddr {
+					t.Errorf("flow tracked %v (%v) with SNAT address %s, want %s", ok, err, flow.NAT.Addr(), tc.natAddr)
+				}
+			}
 			if !tc.from.IsValid() {
 				out := decode(t, r.out)
 				if len(out.Payload) != len(in.Payload) || out.Src == in.Src && out.Dst == in.Dst {

@@ -60,6 +60,14 @@ struct icmphdr {
 
 #define NSEC_PER_SEC 1000000000ULL
 
+/* Nanoseconds from then to now; 0 when then is later. A program reads the
+ * clock once, when it starts, and another CPU may stamp an entry after
+ * that: unsigned, now - then would be some 584 years. */
+static __always_inline __u64 time_since(__u64 then, __u64 now)
+{
+	return (__s64)(now - then) > 0 ? now - then : 0;
+}
+
 /* IPv4 fragment bits in iphdr.frag_off (host order after bpf_ntohs). */
 #define IP_MF 0x2000
 #define IP_DF 0x4000

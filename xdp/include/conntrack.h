@@ -57,7 +57,7 @@ static __always_inline __u64 ct_timeout(const struct ct_entry *ct, __u8 proto,
 static __always_inline int ct_expired(const struct ct_entry *ct, __u8 proto,
 				      const struct datapath_config *cfg, __u64 now)
 {
-	return now - ct->last_seen_ns > ct_timeout(ct, proto, cfg);
+	return time_since(ct->last_seen_ns, now) > ct_timeout(ct, proto, cfg);
 }
 
 /* Fold the TCP flags of a client packet into the entry's state bits. */

@@ -344,7 +344,7 @@ static __always_inline enum flow_verdict flow_touch(const struct ct_key *key, st
 {
 	if (pkt->proto == IPPROTO_TCP)
 		ct_add_tcp_state(ct, ct_tcp_next_state(0, pkt->tcp_flags));
-	if (now - ct->last_seen_ns <= NSEC_PER_SEC)
+	if (time_since(ct->last_seen_ns, now) <= NSEC_PER_SEC)
 		return FLOW_TRACKED;
 	ct->last_seen_ns = now;
 	ct->hop.ifindex = 0;
@@ -405,19 +405,37 @@ static __always_inline int ct_over(const struct ct_entry *ct, __u8 proto, __u64 
 	return cfg && ct_expired(ct, proto, cfg, now);
 }
 
+/* Does a flow whose forward half was evicted go on? While its backend
+ * exists, and within its timeout by its reverse half's last reply (a flow
+ * with replies is past its handshake, as the forward half a reply
+ * rebuilds says: ct_of_nat). */
+static __always_inline int evicted_flow_alive(const struct nat_key *key,
+					      const struct nat_entry *rev, __u64 now)
+{
+	const struct datapath_config *cfg = config_get();
+	__u64 timeout;
+
+	if (!reverse_backend_alive(key, rev))
+		return 0;
+	if (!cfg)
+		return 1;
+	timeout = key->proto == IPPROTO_TCP ? cfg->tcp_established_timeout_ns : cfg->udp_timeout_ns;
+	return time_since(rev->last_seen_ns, now) <= timeout;
+}
+
 /*
  * Check, once a second and on FIN or RST, that a reverse entry's forward
  * half is still there (rebuilding it if evicted) and still this flow, and
- * that the flow is not over. A flow whose forward half is gone and whose
- * backend was removed is not rebuilt, nor is one idle past its timeout or
- * ended by the agent (its backend left the port): a late reply does not
- * bring it back. Returns 0 to translate the reply, -1 when the reverse
+ * that the flow is not over. A flow is not rebuilt when its backend was
+ * removed, when it was idle past its timeout (by its last reply, when the
+ * forward half is gone), or when the agent ended it (its backend left the
+ * port): a late reply does not bring it back. Returns 0 to translate the reply, -1 when the reverse
  * entry is stale (deleted; drop the reply).
  */
 static __always_inline int reverse_touch(const struct nat_key *key, struct nat_entry *rev,
 					 const struct packet *pkt, __u64 now)
 {
-	int refresh = now - rev->last_seen_ns > NSEC_PER_SEC;
+	int refresh = time_since(rev->last_seen_ns, now) > NSEC_PER_SEC;
 	struct ct_entry *ct, rebuilt;
 	struct ct_key flow;
 
@@ -426,7 +444,7 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 	ct_of_nat(key, rev, now, &flow, &rebuilt);
 	ct = bpf_map_lookup_elem(&conntrack, &flow);
 	if (!ct) {
-		if (!reverse_backend_alive(key, rev)) {
+		if (!evicted_flow_alive(key, rev, now)) {
 			nat_forget(key, rev);
 			return -1;
 		}

@@ -56,13 +56,20 @@ static __always_inline int icmp_is_error(const struct icmphdr *icmp)
 }
 
 /* Is this the quote of a TCP or UDP packet whose source the error is
- * addressed to (anything else is no error about our packets)? */
+ * addressed to (anything else is no error about our packets)? Its ports
+ * must be there: a whole packet or a first fragment is quoted (the bytes
+ * of a later one are not ports), and within the error's own length, not
+ * in the frame's padding. */
 static __always_inline int icmp_quote_usable(const struct icmp_quote *quote,
 					     const struct packet *pkt)
 {
+	__u32 ip_hlen = pkt->l4_off - sizeof(struct ethhdr);
+
 	return quote->ip.version == 4 && quote->ip.ihl == 5 &&
+	       !(bpf_ntohs(quote->ip.frag_off) & IP_OFFSET) &&
 	       (quote->ip.protocol == IPPROTO_TCP || quote->ip.protocol == IPPROTO_UDP) &&
-	       quote->ip.saddr == pkt->daddr;
+	       quote->ip.saddr == pkt->daddr &&
+	       ip_hlen + sizeof(struct icmphdr) + sizeof(*quote) <= pkt->tot_len;
 }
 
 /*
@@ -109,9 +116,9 @@ static __always_inline void icmp_forward_rewrite(const struct packet *pkt,
 
 /* An error about a packet sent towards a backend: the quote is a reply
  * tuple reversed. 0 and *rw filled when it is one of ours, and its flow
- * is live: not over, nor another's now (a forward entry that was evicted
- * counts as live while its backend exists, as for replies, which rebuild
- * it then). */
+ * is live: not over, nor another's now (a flow whose forward entry was
+ * evicted counts as live as it does for replies, which rebuild it then:
+ * evicted_flow_alive). */
 static __always_inline int icmp_about_forward(const struct packet *pkt,
 					      const struct icmp_quote *quote,
 					      struct icmp_rewrite *rw)
@@ -120,6 +127,7 @@ static __always_inline int icmp_about_forward(const struct packet *pkt,
 	struct ct_entry *ct;
 	struct nat_key key;
 	struct ct_key flow;
+	__u64 now;
 
 	icmp_quoted_reply(quote, &key);
 	entry = reverse_lookup(&key);
@@ -127,8 +135,9 @@ static __always_inline int icmp_about_forward(const struct packet *pkt,
 		return -1;
 	ct_key_of_nat(&key, entry, &flow);
 	ct = bpf_map_lookup_elem(&conntrack, &flow);
-	if (ct ? !ct_answers_to(ct, &key) || ct_over(ct, flow.proto, bpf_ktime_get_coarse_ns())
-	       : !reverse_backend_alive(&key, entry))
+	now = bpf_ktime_get_coarse_ns();
+	if (ct ? !ct_answers_to(ct, &key) || ct_over(ct, flow.proto, now)
+	       : !evicted_flow_alive(&key, entry, now))
 		return -1;
 	icmp_forward_rewrite(pkt, quote, entry, rw);
 	return 0;

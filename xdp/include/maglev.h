@@ -79,7 +79,7 @@ static __always_inline enum pick_result pick_backend(const struct frontend *fe, 
 	akey.svc_id = fe->svc_id;
 	akey.client_addr = flow->saddr;
 	aff = bpf_map_lookup_elem(&affinity, &akey);
-	if (aff && now - aff->last_seen_ns < (__u64)fe->affinity_timeout * NSEC_PER_SEC &&
+	if (aff && time_since(aff->last_seen_ns, now) < (__u64)fe->affinity_timeout * NSEC_PER_SEC &&
 	    backend_get(aff->backend_id, &out->backend) &&
 	    out->backend.addr == aff->backend_addr && out->backend.port == aff->backend_port &&
 	    !(out->backend.flags & BE_TERMINATING) && (!local_set || (out->backend.flags & BE_LOCAL))) {
@@ -106,7 +106,7 @@ static __always_inline void affinity_touch(__u32 svc_id, __be32 client, __u64 no
 	struct affinity_entry *aff;
 
 	aff = bpf_map_lookup_elem(&affinity, &akey);
-	if (aff && now - aff->last_seen_ns > NSEC_PER_SEC)
+	if (aff && time_since(aff->last_seen_ns, now) > NSEC_PER_SEC)
 		aff->last_seen_ns = now;
 }
 

@@ -230,7 +230,7 @@ static __always_inline int snat_bucket_assign(const struct nat_key *key, __u32 b
 
 		if (!hand)
 			continue;
-		idle_ns = now - READ_ONCE(hand->last_claim_ns);
+		idle_ns = time_since(READ_ONCE(hand->last_claim_ns), now);
 		if (idle_ns > best_idle_ns) {
 			best = bucket;
 			best_idle_ns = idle_ns;

@@ -137,7 +137,8 @@ static __always_inline enum parse_result parse_packet_flags(void *data, void *da
 	case IPPROTO_UDP: {
 		struct udphdr *udp = pkt->l4;
 
-		if ((void *)(udp + 1) > data_end || bpf_ntohs(udp->len) < sizeof(*udp))
+		if ((void *)(udp + 1) > data_end || sizeof(*udp) > pkt->tot_len - hlen ||
+		    bpf_ntohs(udp->len) < sizeof(*udp))
 			return PARSE_MALFORMED;
 		/* A first fragment holds only part of the datagram. */
 		if (!(pkt->frag_off & IP_MF) && bpf_ntohs(udp->len) > pkt->tot_len - hlen)
@@ -149,7 +150,7 @@ static __always_inline enum parse_result parse_packet_flags(void *data, void *da
 	case IPPROTO_ICMP: {
 		struct icmphdr *icmp = pkt->l4;
 
-		if ((void *)(icmp + 1) > data_end)
+		if ((void *)(icmp + 1) > data_end || sizeof(*icmp) > pkt->tot_len - hlen)
 			return PARSE_MALFORMED;
 		return PARSE_OK;
 	}

@@ -66,6 +66,27 @@ static __always_inline int fib_lookup_translated(void *ctx, __u32 ifindex, const
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 }
 
+/* The device the FIB routes daddr through, asked without the packet's
+ * length (a lookup that fails the MTU check returns before it names the
+ * device); ifindex when it names none. In TC a lookup without a length
+ * measures the packet itself, after naming the device. */
+static __always_inline __u32 fib_egress_ifindex(void *ctx, __u32 ifindex, const struct packet *pkt,
+						__be32 daddr)
+{
+	struct bpf_fib_lookup fib;
+
+	fib_params_ipv4(ifindex, pkt, daddr, &fib);
+	fib.tot_len = 0;
+	switch (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0)) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		return fib.ifindex;
+	default:
+		return ifindex;
+	}
+}
+
 /* May a packet too big for its way on be fragmented, or must its sender
  * be told (DF set: TCP always sets it)? */
 static __always_inline int dont_fragment(const struct packet *pkt)
@@ -141,7 +162,7 @@ static __always_inline int new_flow_route_fits(const struct new_flow_route *rout
 {
 	return route->hop.ifindex && route->backend_addr == daddr &&
 	       route->ingress_ifindex == ifindex && route->dscp == (pkt->tos & TOS_DSCP_MASK) &&
-	       now - route->routed_ns < NSEC_PER_SEC;
+	       time_since(route->routed_ns, now) < NSEC_PER_SEC;
 }
 
 /*
@@ -172,8 +193,15 @@ static __noinline __u32 route_new_flow(void *ctx, const struct packet *pkt, __u3
 			return fresh->hop.ifindex;
 		}
 	}
-	if (fib_lookup_ipv4(ctx, ifindex, pkt, daddr, fib) != BPF_FIB_LKUP_RET_SUCCESS)
+	switch (fib_lookup_ipv4(ctx, ifindex, pkt, daddr, fib)) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+		break;
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		/* The kernel names the egress device only past its MTU check. */
+		return fib_egress_ifindex(ctx, ifindex, pkt, daddr);
+	default:
 		return fib->ifindex;
+	}
 	next_hop_from_fib(&fresh->hop, fib);
 	if (route) {
 		route->routed_ns = now;
