@@ -81,6 +81,9 @@ type Agent struct {
 	// attachedPods are the pod interfaces attached (name -> ifindex):
 	// Start attaches those there are, and watchPods keeps the set.
 	attachedPods map[string]int
+	// podRetryEvery paces watchPods' new attempts at pod interfaces
+	// whose attach failed.
+	podRetryEvery time.Duration
 }
 
 // Start loads and attaches the datapath and connects to the source. On
@@ -260,6 +263,7 @@ func assemble(cfg Config, log *slog.Logger, src source.Source, dp *loader.Datapa
 		started:         time.Now(),
 		hintSweep:       newHintSweep(snatHintSweepEvery),
 		spillCheckEvery: snatSpillCheckEvery,
+		podRetryEvery:   podRetryEvery,
 		podsListed:      make(chan struct{}),
 		lastTrigger:     map[string]time.Time{},
 		pidNamespace:    dataplane.PIDNamespaceOf("self"),
@@ -931,43 +935,6 @@ func interfaceAddresses(names []string) ([]netip.Addr, error) {
 		}
 	}
 	return out, errors.Join(errs...)
-}
-
-// watchAddresses re-syncs when the node's addresses change, and keeps the
-// SNAT address of each attached interface current.
-func (a *Agent) watchAddresses(ctx context.Context) {
-	updates := make(chan netlink.AddrUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	if err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{
-		ErrorCallback: func(err error) {
-			if ctx.Err() == nil { // closing the subscription at shutdown reports EAGAIN
-				a.log.Warn("address watch", "error", err)
-			}
-		},
-	}); err != nil {
-		a.log.Warn("cannot watch address changes; NodePort addresses follow periodic syncs only", "error", err)
-		return
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case u, ok := <-updates:
-			if !ok {
-				return
-			}
-			if u.LinkAddress.IP.To4() == nil {
-				continue
-			}
-			for _, ifname := range a.cfg.Interfaces {
-				if err := a.dp.RefreshInterface(ifname); err != nil {
-					a.log.Warn("refresh interface address", "interface", ifname, "error", err)
-				}
-			}
-			a.notify()
-		}
-	}
 }
 
 // releaseSNATHints clears the SNAT bucket hints no current backend can use.

@@ -450,3 +450,84 @@ func TestProgrammingTimesForgetRemovedPorts(t *testing.T) {
 		t.Errorf("after a full sync without ports: %v", a.lastTrigger)
 	}
 }
+
+// A pod interface whose attach failed is tried again on its own, without
+// waiting for another event of the interface: a pod whose interface came
+// up while the attach could not be made must not stay untranslated.
+func TestFailedPodAttachIsRetried(t *testing.T) {
+	ns := testenv.NewNetns(t, "podretry")
+	vethUp(ns, "edge0", "edge1", "192.0.2.1/24")
+	cfg := fileConfig(t, "edge0")
+	cfg.PodInterfaces = "pod0"
+	// Something not a link pinned where pod0's link goes: its attach
+	// fails until it is removed.
+	blocker := filepath.Join(loader.Dir(cfg.Datapath.PinRoot), "links",
+		loader.LinkPin{Hook: loader.HookTCPod, Mode: "tcx", Ifname: "pod0"}.Name())
+	podProgs := func() int {
+		t.Helper()
+		n := 0
+		if err := ns.Do(func() error {
+			dev, err := netlink.LinkByName("pod0")
+			if err != nil {
+				return err
+			}
+			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+				r, err := link.QueryPrograms(link.QueryOptions{Target: dev.Attrs().Index, Attach: at})
+				if err != nil {
+					return err
+				}
+				n += len(r.Programs)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	var a *Agent
+	if err := ns.Do(func() (err error) {
+		a, err = Start(context.Background(), cfg, discard())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer a.hcNodes.Close()
+	a.podRetryEvery = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	watching := make(chan error, 1)
+	go func() { watching <- ns.Do(func() error { a.watchPods(ctx); return nil }) }()
+	defer func() {
+		cancel()
+		if err := <-watching; err != nil {
+			t.Error(err)
+		}
+	}()
+	// After the first pass, which removes pins of pod interfaces not
+	// there (a pin that is no link too).
+	<-a.podsListed
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Pin(blocker); err != nil {
+		t.Fatal(err)
+	}
+	vethUp(ns, "pod0", "pod1", "10.244.0.1/32")
+	time.Sleep(200 * time.Millisecond) // its link events came and went
+	if n := podProgs(); n != 0 {
+		t.Fatalf("pod0 runs %d programs while its attach must fail", n)
+	}
+	if err := m.Unpin(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for podProgs() != 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := podProgs(); n != 2 {
+		t.Errorf("pod0 runs %d programs once its attach can succeed, want 2", n)
+	}
+}

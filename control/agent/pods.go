@@ -101,24 +101,31 @@ func (a *Agent) attachPresentPods() {
 	a.attachListedPods(links, a.attachedPods)
 }
 
+// podRetryEvery is how often watchPods tries again the pod interfaces
+// whose attach failed (while they fail, their pods' traffic to services
+// is not translated).
+const podRetryEvery = 10 * time.Second
+
 // attachListedPods attaches the pod interfaces among links that are not
 // attached as they are now (by ifindex), and returns the names of all
-// the links.
-func (a *Agent) attachListedPods(links []netlink.Link, attached map[string]int) map[string]bool {
-	present := make(map[string]bool, len(links))
+// the links, and whether an attach failed.
+func (a *Agent) attachListedPods(links []netlink.Link, attached map[string]int) (present map[string]bool, failed bool) {
+	present = make(map[string]bool, len(links))
 	for _, l := range links {
 		name := l.Attrs().Name
 		present[name] = true
 		if a.isPodInterface(name) && !isBridge(l) && attached[name] != l.Attrs().Index {
-			a.attachPod(name, l.Attrs().Index, attached)
+			failed = !a.attachPod(name, l.Attrs().Index, attached) || failed
 		}
 	}
-	return present
+	return present, failed
 }
 
 // watchPodsOnce subscribes to link events, brings the attached set up to
 // date from a full list, and follows events until the subscription or ctx
-// ends. It reports false when it could not subscribe.
+// ends; while an attach has failed, it lists the interfaces again every
+// podRetryEvery and attaches those still not attached. It reports false
+// when it could not subscribe.
 func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool {
 	updates := make(chan netlink.LinkUpdate, 256)
 	done := make(chan struct{})
@@ -140,7 +147,7 @@ func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool
 	if listErr != nil {
 		a.log.Warn("list interfaces", "error", listErr)
 	}
-	present := a.attachListedPods(links, attached)
+	present, failed := a.attachListedPods(links, attached)
 	// Pins of interfaces that went away while nobody watched (not when
 	// the list failed: every pod interface would seem gone).
 	if pinned, err := loader.PodInterfaces(a.cfg.Datapath.PinRoot); err == nil && listErr == nil {
@@ -154,10 +161,22 @@ func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool
 	if !subscribed {
 		return false
 	}
+	retry := time.NewTicker(a.podRetryEvery)
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return true
+		case <-retry.C:
+			if !failed {
+				continue
+			}
+			links, err := netlink.LinkList()
+			if err != nil {
+				a.log.Warn("list interfaces", "error", err)
+				continue
+			}
+			_, failed = a.attachListedPods(links, attached)
 		case u, ok := <-updates:
 			if !ok {
 				if ctx.Err() == nil {
@@ -171,8 +190,8 @@ func (a *Agent) watchPodsOnce(ctx context.Context, attached map[string]int) bool
 			}
 			switch u.Header.Type {
 			case unix.RTM_NEWLINK:
-				if attached[name] != int(u.Attrs().Index) {
-					a.attachPod(name, int(u.Attrs().Index), attached)
+				if attached[name] != int(u.Attrs().Index) && !a.attachPod(name, int(u.Attrs().Index), attached) {
+					failed = true
 				}
 			case unix.RTM_DELLINK:
 				a.forgetPod(name, attached)
@@ -204,13 +223,16 @@ func (a *Agent) podsAttached() bool {
 	}
 }
 
-func (a *Agent) attachPod(name string, ifindex int, attached map[string]int) {
+// attachPod attaches a pod interface and records it; false when the
+// attach failed (logged).
+func (a *Agent) attachPod(name string, ifindex int, attached map[string]int) bool {
 	if err := a.dp.AttachPod(name); err != nil {
-		a.log.Warn("attach to pod interface", "interface", name, "error", err)
-		return
+		a.log.Warn("attach to pod interface", "interface", name, "error", err, "retry_every", a.podRetryEvery)
+		return false
 	}
 	attached[name] = ifindex
 	a.log.Info("pod interface attached", "interface", name)
+	return true
 }
 
 func (a *Agent) forgetPod(name string, attached map[string]int) {

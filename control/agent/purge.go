@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/control/reconcile"
@@ -18,7 +19,7 @@ type purgeFunc func(ctx context.Context, dp *dataplane.Dataplane, stale reconcil
 // flowPurger purges the flows of removed backends (and of backends that
 // left a service port) in the background, one purge at a time: each walks
 // the whole conntrack map, so backends removed while a purge runs wait
-// and go together into the next one.
+// and go together into the next one. A purge that fails is tried again.
 // Stop cancels the purges and waits for them, so they end before the
 // maps are closed.
 type flowPurger struct {
@@ -27,6 +28,9 @@ type flowPurger struct {
 	purge  purgeFunc
 	ctx    context.Context
 	cancel context.CancelFunc
+	// retryAfter is the wait before a batch whose purge failed is tried
+	// again: its flows would keep their SNAT ports until evicted.
+	retryAfter time.Duration
 
 	mu sync.Mutex
 	// queue holds what is not purged yet, in batches: a backend id is
@@ -40,7 +44,7 @@ type flowPurger struct {
 // newFlowPurger returns a purger whose purges run until Stop.
 func newFlowPurger(plane *dataplane.Dataplane, log *slog.Logger, purge purgeFunc) *flowPurger {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &flowPurger{plane: plane, log: log, purge: purge, ctx: ctx, cancel: cancel}
+	return &flowPurger{plane: plane, log: log, purge: purge, ctx: ctx, cancel: cancel, retryAfter: 5 * time.Second}
 }
 
 // Add queues the flows of removed and departed backends for purging, and
@@ -108,8 +112,15 @@ func (p *flowPurger) run() {
 		purged, err := p.purge(p.ctx, p.plane, batch)
 		switch {
 		case err != nil && p.ctx.Err() == nil:
-			p.log.Warn("purge stale flows", "removed_backends", len(batch.Removed),
-				"departures", len(batch.Departed), "sweep", batch.Sweep, "error", err)
+			p.log.Warn("purge stale flows; trying again", "removed_backends", len(batch.Removed),
+				"departures", len(batch.Departed), "sweep", batch.Sweep, "after", p.retryAfter, "error", err)
+			p.mu.Lock()
+			p.queue = append([]reconcile.Stale{batch}, p.queue...)
+			p.mu.Unlock()
+			select {
+			case <-p.ctx.Done():
+			case <-time.After(p.retryAfter):
+			}
 		case purged.Flows > 0 || purged.Affinities > 0:
 			p.log.Info("stale flows purged", "removed_backends", len(batch.Removed),
 				"departures", len(batch.Departed), "sweep", batch.Sweep, "flows", purged.Flows,

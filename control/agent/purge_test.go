@@ -3,10 +3,12 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -396,4 +398,28 @@ func TestAgentKeepsFlowsOfARenamedPort(t *testing.T) {
 		t.Errorf("port 80 has service id %d after the slice's rename, want %d", now.SvcID, fe.SvcID)
 	}
 	flowsLive("after the slice is renamed", func(b netip.AddrPort) bool { return b == kept })
+}
+
+// A purge that fails (a map error) is tried again with the same batch:
+// the flows of removed backends would otherwise keep their SNAT ports
+// until evicted, and the first sync's sweep is the only look at what
+// changed while no agent ran.
+func TestFlowPurgerRetriesAFailedPurge(t *testing.T) {
+	var calls []reconcile.Stale
+	purge := func(ctx context.Context, _ *dataplane.Dataplane, stale reconcile.Stale) (reconcile.Purged, error) {
+		calls = append(calls, stale)
+		if len(calls) == 1 {
+			return reconcile.Purged{}, errors.New("map iteration failed")
+		}
+		return reconcile.Purged{Flows: 1}, nil
+	}
+	p := newFlowPurger(nil, discard(), purge)
+	p.retryAfter = time.Millisecond
+	defer p.Stop()
+	b := dataplane.Backend{Addr: netip.MustParseAddr("10.0.0.5"), Port: 8080}
+	p.Add(reconcile.Stale{Removed: map[uint32]dataplane.Backend{1: b}, Sweep: true})
+	p.done.Wait()
+	if len(calls) != 2 || !reflect.DeepEqual(calls[0], calls[1]) {
+		t.Fatalf("purges %+v, want the failed batch purged again", calls)
+	}
 }

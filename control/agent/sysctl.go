@@ -258,8 +258,10 @@ func reserveSNATPorts(pinRoot string, procSys ProcSys, lo, hi uint16, log *slog.
 	}
 	if err := storeReservedRecord(pinRoot, mine.and(want).and(kept).or(added)); err != nil {
 		// Reserved but not recorded: only a later start or detach that
-		// finds the record could release them.
-		return snatReservation{}, err
+		// finds the record could release the ports added. Those released
+		// are returned all the same, for a failed start to reserve them
+		// again for the datapath it leaves running.
+		return snatReservation{added: added, released: release.and(cur)}, err
 	}
 	if release.count() > 0 {
 		log.Info("SNAT ports of an earlier range released to the host", "ports", release.and(cur).String())
