@@ -163,7 +163,7 @@ func agentRunsError(root string, pid int) error {
 	if pid != 0 {
 		agent = fmt.Sprintf("an agent (pid %d)", pid)
 	}
-	return fmt.Errorf("%s runs on the pins under %s: stop it first (in a DaemonSet: remove the DaemonSet or the node's pod), or pass --force", agent, root)
+	return fmt.Errorf("%s runs on the pins under %s: stop it first (in a DaemonSet: delete the DaemonSet, or keep it off the node; a deleted pod comes back), or pass --force", agent, root)
 }
 
 // statusJSON is the status with what the pin lock adds.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // The address watch outlives its subscriptions: one that ends (the
@@ -84,6 +85,33 @@ func TestAddressWatchSubscribesAgain(t *testing.T) {
 			case <-ended:
 			case <-time.After(10 * time.Second):
 				t.Fatal("the watch did not end with its context")
+			}
+		})
+	}
+}
+
+// "--nodeport-addresses primary" takes the Node's primary address as
+// kube-proxy does: its first IPv4 InternalIP, else its first IPv4
+// ExternalIP.
+func TestPrimaryNodeIP(t *testing.T) {
+	addr := func(kind corev1.NodeAddressType, ip string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: kind, Address: ip}
+	}
+	for _, tc := range []struct {
+		name  string
+		addrs []corev1.NodeAddress
+		want  string // "" for none
+	}{
+		{"internal first", []corev1.NodeAddress{addr(corev1.NodeExternalIP, "203.0.113.5"), addr(corev1.NodeInternalIP, "10.0.0.5")}, "10.0.0.5"},
+		{"external when no internal", []corev1.NodeAddress{addr(corev1.NodeHostName, "edge-1"), addr(corev1.NodeExternalIP, "203.0.113.5")}, "203.0.113.5"},
+		{"IPv4 only", []corev1.NodeAddress{addr(corev1.NodeInternalIP, "fd00::5"), addr(corev1.NodeExternalIP, "203.0.113.5")}, "203.0.113.5"},
+		{"none", []corev1.NodeAddress{addr(corev1.NodeHostName, "edge-1")}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := &corev1.Node{Status: corev1.NodeStatus{Addresses: tc.addrs}}
+			ip, ok := primaryNodeIP(node)
+			if got := ip.String(); !ok && tc.want != "" || ok && got != tc.want {
+				t.Errorf("primaryNodeIP = %s, %v; want %q", got, ok, tc.want)
 			}
 		})
 	}

@@ -11,12 +11,10 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -859,82 +857,6 @@ func nodeZone(snap source.Snapshot) string {
 		return ""
 	}
 	return snap.Node.Labels[corev1.LabelTopologyZone]
-}
-
-// listNodeAddresses lists the NodePort addresses cfg asks for; the error
-// says which interfaces could not be read (the others' addresses are
-// listed all the same).
-func listNodeAddresses(cfg Config, snap source.Snapshot) ([]netip.Addr, error) {
-	var out []netip.Addr
-	var err error
-	switch {
-	case cfg.NodePortPrimary:
-		if snap.Node != nil {
-			for _, na := range snap.Node.Status.Addresses {
-				if na.Type == "InternalIP" {
-					if ip, err := netip.ParseAddr(na.Address); err == nil && ip.Is4() {
-						return []netip.Addr{ip}, nil
-					}
-				}
-			}
-		}
-		var addrs []netip.Addr
-		if addrs, err = interfaceAddresses(cfg.Interfaces[:1]); len(addrs) > 0 {
-			return addrs[:1], nil
-		}
-	case len(cfg.NodePortAddresses) > 0:
-		var all []netip.Addr
-		all, err = interfaceAddresses(nil)
-		for _, ip := range all {
-			for _, p := range cfg.NodePortAddresses {
-				if p.Contains(ip) {
-					out = append(out, ip)
-					break
-				}
-			}
-		}
-	default:
-		out, err = interfaceAddresses(cfg.Interfaces)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
-	return slices.Compact(out), err
-}
-
-// interfaceAddresses lists the IPv4 addresses of the named interfaces (all
-// interfaces when names is nil). The error says which could not be read;
-// the addresses of the others are returned all the same.
-func interfaceAddresses(names []string) ([]netip.Addr, error) {
-	var links []netlink.Link
-	var errs []error
-	if names == nil {
-		var err error
-		if links, err = netlink.LinkList(); err != nil {
-			errs = append(errs, fmt.Errorf("list interfaces: %w", err))
-		}
-	} else {
-		for _, n := range names {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("interface %s: %w", n, err))
-				continue
-			}
-			links = append(links, l)
-		}
-	}
-	var out []netip.Addr
-	for _, l := range links {
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("interface %s: list addresses: %w", l.Attrs().Name, err))
-			continue
-		}
-		for _, ad := range addrs {
-			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && !ip.IsLoopback() {
-				out = append(out, ip)
-			}
-		}
-	}
-	return out, errors.Join(errs...)
 }
 
 // releaseSNATHints clears the SNAT bucket hints no current backend can use.
