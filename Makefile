@@ -2,6 +2,8 @@
 # needs on a fresh Debian machine first (see `deps`).
 
 SHELL := /bin/bash
+# Go from the PATH, else where these machines have it.
+export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
 BIN := bin/xdplb
 
