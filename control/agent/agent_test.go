@@ -282,27 +282,7 @@ func TestRestartWithoutPodInterfacesDetachesThem(t *testing.T) {
 	vethUp(ns, "pod0", "pod1", "10.244.0.1/32")
 	cfg := fileConfig(t, "edge0")
 	cfg.PodInterfaces = "pod0"
-	podProgs := func() int {
-		t.Helper()
-		var n int
-		if err := ns.Do(func() error {
-			dev, err := netlink.LinkByName("pod0")
-			if err != nil {
-				return err
-			}
-			for _, a := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
-				r, err := link.QueryPrograms(link.QueryOptions{Target: dev.Attrs().Index, Attach: a})
-				if err != nil {
-					return err
-				}
-				n += len(r.Programs)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	podProgs := func() int { return tcxPrograms(t, ns, "pod0") }
 	run := func(cfg Config) {
 		t.Helper()
 		if err := ns.Do(func() error {
@@ -463,27 +443,7 @@ func TestFailedPodAttachIsRetried(t *testing.T) {
 	// fails until it is removed.
 	blocker := filepath.Join(loader.Dir(cfg.Datapath.PinRoot), "links",
 		loader.LinkPin{Hook: loader.HookTCPod, Mode: "tcx", Ifname: "pod0"}.Name())
-	podProgs := func() int {
-		t.Helper()
-		n := 0
-		if err := ns.Do(func() error {
-			dev, err := netlink.LinkByName("pod0")
-			if err != nil {
-				return err
-			}
-			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
-				r, err := link.QueryPrograms(link.QueryOptions{Target: dev.Attrs().Index, Attach: at})
-				if err != nil {
-					return err
-				}
-				n += len(r.Programs)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	podProgs := func() int { return tcxPrograms(t, ns, "pod0") }
 
 	var a *Agent
 	if err := ns.Do(func() (err error) {
@@ -530,4 +490,27 @@ func TestFailedPodAttachIsRetried(t *testing.T) {
 	if n := podProgs(); n != 2 {
 		t.Errorf("pod0 runs %d programs once its attach can succeed, want 2", n)
 	}
+}
+
+// tcxPrograms counts the tcx programs on both hooks of an interface of ns.
+func tcxPrograms(t *testing.T, ns *testenv.Netns, ifname string) int {
+	t.Helper()
+	n := 0
+	if err := ns.Do(func() error {
+		dev, err := netlink.LinkByName(ifname)
+		if err != nil {
+			return err
+		}
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			r, err := link.QueryPrograms(link.QueryOptions{Target: dev.Attrs().Index, Attach: at})
+			if err != nil {
+				return err
+			}
+			n += len(r.Programs)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
