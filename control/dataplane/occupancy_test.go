@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/xdp"
 )
@@ -76,5 +77,45 @@ func TestOccupancyCountsFlowMaps(t *testing.T) {
 		if occ[name] != 0 {
 			t.Errorf("after ResetFlows, %s holds %d entries", name, occ[name])
 		}
+	}
+}
+
+// MapMemory reports what the kernel charges for each sized map, and for
+// the inner Maglev tables together: at least their slots' bytes, growing
+// with each table installed and shrinking as one goes.
+func TestMapMemoryCountsInnerTables(t *testing.T) {
+	_, d := loadSmall(t, nil)
+	const slots = 16381
+	table := make([]uint32, slots)
+	before, err := d.MapMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before["conntrack"] == 0 || before[dataplane.InnerTablesMemory] != 0 {
+		t.Fatalf("before any table: conntrack %d bytes, inner tables %d; want some and none",
+			before["conntrack"], before[dataplane.InnerTablesMemory])
+	}
+	for _, id := range []uint32{1, 2} {
+		if err := d.PutTable(id, table); err != nil {
+			t.Fatal(err)
+		}
+	}
+	two, err := d.MapMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := two[dataplane.InnerTablesMemory]; got < 2*slots*4 {
+		t.Errorf("two tables of %d slots: %d bytes, want at least %d", slots, got, 2*slots*4)
+	}
+	if err := d.DeleteTable(2); err != nil {
+		t.Fatal(err)
+	}
+	one, err := d.MapMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := one[dataplane.InnerTablesMemory]; got < slots*4 || got >= two[dataplane.InnerTablesMemory] {
+		t.Errorf("one table left: %d bytes, want at least %d and less than two tables' %d",
+			got, slots*4, two[dataplane.InnerTablesMemory])
 	}
 }

@@ -107,13 +107,21 @@ type datapathCollector struct {
 	svcBytes         *prometheus.Desc
 	svcNewFlows      *prometheus.Desc
 	entries, maxSize *prometheus.Desc
+	memory           *prometheus.Desc
 
-	mu        sync.Mutex
-	occupancy map[string]int
-	measured  time.Time
+	mu          sync.Mutex
+	occupancy   map[string]int
+	measured    time.Time
+	memBytes    map[string]uint64
+	memMeasured time.Time
 }
 
-const occupancyTTL = 15 * time.Second
+// Map occupancy needs a walk over the maps, and the inner Maglev tables'
+// memory an open of each: both are cached between scrapes.
+const (
+	occupancyTTL = 15 * time.Second
+	memoryTTL    = time.Minute
+)
 
 func newDatapathCollector(dp *dataplane.Dataplane, log *slog.Logger) *datapathCollector {
 	names, err := xdp.StatNames()
@@ -136,11 +144,14 @@ func newDatapathCollector(dp *dataplane.Dataplane, log *slog.Logger) *datapathCo
 			"Entries in a datapath map.", []string{"map"}, nil),
 		maxSize: prometheus.NewDesc("xdplb_map_max_entries",
 			"Capacity of a datapath map.", []string{"map"}, nil),
+		memory: prometheus.NewDesc("xdplb_map_memory_bytes",
+			"Kernel memory a datapath map takes (charged to the agent's memory cgroup); "+
+				dataplane.InnerTablesMemory+": the inner Maglev tables together.", []string{"map"}, nil),
 	}
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.svcPackets, c.svcBytes, c.svcNewFlows, c.entries, c.maxSize} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.svcPackets, c.svcBytes, c.svcNewFlows, c.entries, c.maxSize, c.memory} {
 		ch <- d
 	}
 }
@@ -174,6 +185,26 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, n := range c.dp.Capacities() {
 		ch <- prometheus.MustNewConstMetric(c.maxSize, prometheus.GaugeValue, float64(n), name)
 	}
+	for name, n := range c.mapMemory() {
+		ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(n), name)
+	}
+}
+
+func (c *datapathCollector) mapMemory() map[string]uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.memBytes != nil && time.Since(c.memMeasured) < memoryTTL {
+		return c.memBytes
+	}
+	mem, err := c.dp.MapMemory()
+	if err != nil {
+		if c.log != nil {
+			c.log.Warn("read map memory", "error", err)
+		}
+		return c.memBytes
+	}
+	c.memBytes, c.memMeasured = mem, time.Now()
+	return mem
 }
 
 func (c *datapathCollector) mapOccupancy() map[string]int {

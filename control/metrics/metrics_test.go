@@ -6,6 +6,7 @@ import (
 	"github.com/cilium/ebpf"
 	"net/http/httptest"
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -57,11 +58,15 @@ func TestScrapeReadsTheDatapath(t *testing.T) {
 		`xdplb_service_new_flows_total{service="default/web:http/TCP"} 2`,
 		`xdplb_map_entries{map="backends"} 1`,
 		`xdplb_map_max_entries{map="conntrack"} 1024`,
+		`xdplb_map_memory_bytes{map="maglev_inner_tables"} 0`,
 		`xdplb_sync_duration_seconds_count 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	if !regexp.MustCompile(`(?m)^xdplb_map_memory_bytes\{map="conntrack"\} [1-9][0-9]*$`).Match(body) {
+		t.Errorf("/metrics lacks the conntrack map's memory")
 	}
 }
 
