@@ -575,7 +575,9 @@ func (d *Datapath) DetachNIC(ifname string) error {
 		}
 	}
 	if dev, err := netlink.LinkByName(ifname); err == nil {
+		// No longer a redirect target, nor a SNAT source.
 		d.Maps.TxPorts.Delete(uint32(dev.Attrs().Index))
+		d.Maps.Ifaces.Delete(uint32(dev.Attrs().Index))
 		errs = append(errs, detachClsact(dev.Attrs().Index))
 	}
 	return errors.Join(errs...)

@@ -62,6 +62,12 @@ func TestNICAttachedThroughClsactIsFound(t *testing.T) {
 			t.Errorf("after DetachNIC: NICAttached(x0) %v, DatapathAttached %v; want both false",
 				loader.NICAttached(root, "x0"), loader.DatapathAttached(root))
 		}
+		// Nor is its address a SNAT source any more.
+		var ifindex uint32
+		var entry []byte
+		if dp.Maps.Ifaces.Iterate().Next(&ifindex, &entry) {
+			t.Errorf("after DetachNIC: interface %d still has a SNAT address", ifindex)
+		}
 		return nil
 	})
 	if err != nil {

@@ -213,6 +213,28 @@ func TestResizeMovesSNATSlots(t *testing.T) {
 	expectSlotAtHint(t, dp, backend, node, slot)
 }
 
+// A SNAT range shifted (or widened with fewer buckets) can keep the slots
+// map's size: the slots are moved all the same, to where the new range
+// puts their ports.
+func TestShiftedSNATRangeMovesSlots(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts, dp, backend, node, slot := loadWithSNATSlot(t, root)
+	putSlotInLastBucket(t, dp, backend, node, slot)
+	size := dp.Maps.SNATSlots.MaxEntries()
+	dp.Close()
+
+	opts.SNATPortMin, opts.SNATPortMax = 40400, 41399 // port 40500 stays in it
+	dp, err := loadertest.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if got := dp.Maps.SNATSlots.MaxEntries(); got != size {
+		t.Fatalf("SNAT slots sized %d, want %d as before: the case needs a map of the same size", got, size)
+	}
+	expectSlotAtHint(t, dp, backend, node, slot)
+}
+
 // SNAT slots pinned by a version that placed them by a hash of their
 // backend, without bucket hints, are moved to a bucket given in turn.
 func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {

@@ -178,6 +178,7 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 		defer hints.Close()
 	}
 	migrate := migrations(opts, hints)
+	slotsLayout := pinnedSNATLayout(dir, opts)
 	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
 		ms := spec.Maps[name]
 		if ms.Pinning != ebpf.PinByName || name == snatBucketHints {
@@ -194,6 +195,10 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 		incompatible := ms.Compatible(old)
 		if incompatible == nil && name == "snat_slots" && fresh {
 			incompatible = errSlotsUnhinted
+		}
+		if incompatible == nil && name == "snat_slots" {
+			// Of the same size, but laid out for another range.
+			incompatible = slotsLayout
 		}
 		if incompatible == nil {
 			old.Close()
@@ -229,6 +234,31 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 }
 
 const snatBucketHints = "snat_bucket_hints"
+
+// pinnedSNATLayout says why the pinned SNAT slots are laid out otherwise
+// than opts lays them out, by the pinned datapath configuration (the
+// running datapath's), or is nil. A slot's index depends on the range's
+// start and width and on the bucket count: a range shifted, or one wider
+// with fewer buckets, can keep the map's size, and slots left where the
+// earlier layout put them would answer no reply. Without a readable
+// pinned configuration (none yet) it is nil.
+func pinnedSNATLayout(dir string, opts Options) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "config"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil
+	}
+	defer m.Close()
+	var cfg xdp.NicDatapathConfig
+	if err := m.Lookup(uint32(0), &cfg); err != nil {
+		return nil
+	}
+	if cfg.SnatPortMin == opts.SNATPortMin && cfg.SnatPortMax == opts.SNATPortMax &&
+		cfg.SnatBuckets == opts.SNATBuckets() {
+		return nil
+	}
+	return fmt.Errorf("SNAT slots laid out for ports %d-%d in %d buckets, now %d-%d in %d",
+		cfg.SnatPortMin, cfg.SnatPortMax, cfg.SnatBuckets, opts.SNATPortMin, opts.SNATPortMax, opts.SNATBuckets())
+}
 
 // openSNATBucketHints opens the pinned snat_bucket_hints map, or creates an
 // empty one (fresh) when there is none or it does not fit the spec: the
