@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -324,6 +325,11 @@ func (f *fixture) counters() map[string]uint64 {
 // by the given amounts ("rx" is implied and ignored).
 func (f *fixture) expectCounters(want map[string]uint64, fn func()) {
 	f.t.Helper()
+	for name := range want {
+		if !slices.Contains(f.names, name) {
+			f.t.Fatalf("expected counter %q is none of the datapath's", name)
+		}
+	}
 	before := f.counters()
 	fn()
 	after := f.counters()

@@ -68,12 +68,60 @@ func TestRemovedBackendTCPGetsRSTAndUDPMovesOn(t *testing.T) {
 	if out := decode(t, r.out); out.Dst != remotePod2 {
 		t.Fatalf("UDP flow after removal went to %s, want %s", out.Dst, remotePod2)
 	}
+}
 
-	// An id reused for another address is a different backend.
-	f.maps.PutBackend(11, dataplane.Backend{Addr: netip.MustParseAddr("10.244.1.99"), Port: 53})
-	if _, ok, _ := f.maps.Flow(dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, udpIn.SrcPort),
-		Frontend: netip.AddrPortFrom(nodeAddr, 30053), Proto: packet.UDP}); !ok {
-		t.Fatal("re-selected UDP flow is not tracked")
+// A backend id the agent reuses for another address or port is another
+// backend: flows tracked to the id's earlier backend end as they do when
+// their backend is removed (TCP gets a RST, UDP picks again), rather than
+// follow the id to a backend that never saw them.
+func TestBackendIDReusedElsewhereEndsItsFlows(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		proto uint8
+		reuse dataplane.Backend // what the flow's backend id names next
+		want  map[string]uint64
+	}{
+		{"TCP, another address", packet.TCP, dataplane.Backend{Addr: netip.MustParseAddr("10.244.1.99"), Port: podPort},
+			map[string]uint64{"rst_backend_gone": 1}},
+		{"TCP, another port", packet.TCP, dataplane.Backend{Addr: remotePod1, Port: podPort + 1},
+			map[string]uint64{"rst_backend_gone": 1}},
+		{"UDP, another address", packet.UDP, dataplane.Backend{Addr: netip.MustParseAddr("10.244.1.99"), Port: 53},
+			map[string]uint64{"reselect_backend_gone": 1, "new_flow": 1, "redirect": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			web, dns := webService(), udpService()
+			f.program(web)
+			f.program(dns)
+			var in packet.Frame
+			var id uint32
+			if tc.proto == packet.TCP {
+				in, id = tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, ""), 1
+				in.SrcPort = findClientPort(t, web, in, id)
+			} else {
+				in, id = udpFrame(clientAddr, 0, nodeAddr, 30053, "q"), 11
+				in.SrcPort = findClientPort(t, dns, in, id)
+			}
+			if out := decode(t, f.run(in.Bytes(), f.nic0).out); out.Dst != remotePod1 {
+				t.Fatalf("first packet went to %s, want %s", out.Dst, remotePod1)
+			}
+			if err := f.maps.PutBackend(id, tc.reuse); err != nil {
+				t.Fatal(err)
+			}
+			next := in
+			if tc.proto == packet.TCP {
+				next.Flags = packet.ACK
+			}
+			var r result
+			f.expectCounters(tc.want, func() { r = f.run(next.Bytes(), f.nic0) })
+			out := decode(t, r.out)
+			switch {
+			case tc.proto == packet.TCP && (out.Flags&packet.RST == 0 || out.Dst != clientAddr):
+				t.Errorf("want a RST to the client, got flags %#x to %s", out.Flags, out.Dst)
+			case tc.proto == packet.UDP && out.Dst != tc.reuse.Addr:
+				t.Errorf("UDP went to %s, want the id's new backend %s", out.Dst, tc.reuse.Addr)
+			}
+		})
 	}
 }
 
