@@ -435,60 +435,74 @@ func TestProgrammingTimesForgetRemovedPorts(t *testing.T) {
 // waiting for another event of the interface: a pod whose interface came
 // up while the attach could not be made must not stay untranslated.
 func TestFailedPodAttachIsRetried(t *testing.T) {
-	ns := testenv.NewNetns(t, "podretry")
-	vethUp(ns, "edge0", "edge1", "192.0.2.1/24")
-	cfg := fileConfig(t, "edge0")
-	cfg.PodInterfaces = "pod0"
-	// Something not a link pinned where pod0's link goes: its attach
-	// fails until it is removed.
-	blocker := filepath.Join(loader.Dir(cfg.Datapath.PinRoot), "links",
-		loader.LinkPin{Hook: loader.HookTCPod, Mode: "tcx", Ifname: "pod0"}.Name())
-	podProgs := func() int { return tcxPrograms(t, ns, "pod0") }
+	for _, tc := range []struct {
+		name       string
+		retryEvery time.Duration
+		wait       time.Duration // for the attach, once it can succeed
+		want       int           // programs on pod0 then
+	}{
+		{"retried", 20 * time.Millisecond, 10 * time.Second, 2},
+		// Control: no retry within the wait, so no late link event of
+		// pod0 attaches it either.
+		{"not retried yet", time.Hour, 2 * time.Second, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.NewNetns(t, "podretry")
+			vethUp(ns, "edge0", "edge1", "192.0.2.1/24")
+			cfg := fileConfig(t, "edge0")
+			cfg.PodInterfaces = "pod0"
+			// Something not a link pinned where pod0's link goes: its
+			// attach fails until it is removed.
+			blocker := filepath.Join(loader.Dir(cfg.Datapath.PinRoot), "links",
+				loader.LinkPin{Hook: loader.HookTCPod, Mode: "tcx", Ifname: "pod0"}.Name())
+			podProgs := func() int { return tcxPrograms(t, ns, "pod0") }
 
-	var a *Agent
-	if err := ns.Do(func() (err error) {
-		a, err = Start(context.Background(), cfg, discard())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	defer a.hcNodes.Close()
-	a.podRetryEvery = 20 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	watching := make(chan error, 1)
-	go func() { watching <- ns.Do(func() error { a.watchPods(ctx); return nil }) }()
-	defer func() {
-		cancel()
-		if err := <-watching; err != nil {
-			t.Error(err)
-		}
-	}()
-	// After the first pass, which removes pins of pod interfaces not
-	// there (a pin that is no link too).
-	<-a.podsListed
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.Pin(blocker); err != nil {
-		t.Fatal(err)
-	}
-	vethUp(ns, "pod0", "pod1", "10.244.0.1/32")
-	time.Sleep(200 * time.Millisecond) // its link events came and went
-	if n := podProgs(); n != 0 {
-		t.Fatalf("pod0 runs %d programs while its attach must fail", n)
-	}
-	if err := m.Unpin(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for podProgs() != 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := podProgs(); n != 2 {
-		t.Errorf("pod0 runs %d programs once its attach can succeed, want 2", n)
+			var a *Agent
+			if err := ns.Do(func() (err error) {
+				a, err = Start(context.Background(), cfg, discard())
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			defer a.hcNodes.Close()
+			a.podRetryEvery = tc.retryEvery
+			ctx, cancel := context.WithCancel(context.Background())
+			watching := make(chan error, 1)
+			go func() { watching <- ns.Do(func() error { a.watchPods(ctx); return nil }) }()
+			defer func() {
+				cancel()
+				if err := <-watching; err != nil {
+					t.Error(err)
+				}
+			}()
+			// After the first pass, which removes pins of pod interfaces
+			// not there (a pin that is no link too).
+			<-a.podsListed
+			m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.Pin(blocker); err != nil {
+				t.Fatal(err)
+			}
+			vethUp(ns, "pod0", "pod1", "10.244.0.1/32")
+			time.Sleep(200 * time.Millisecond) // its link events came
+			if n := podProgs(); n != 0 {
+				t.Fatalf("pod0 runs %d programs while its attach must fail", n)
+			}
+			if err := m.Unpin(); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(tc.wait)
+			for podProgs() != 2 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := podProgs(); n != tc.want {
+				t.Errorf("pod0 runs %d programs %s after its attach can succeed, want %d", n, tc.wait, tc.want)
+			}
+		})
 	}
 }
 

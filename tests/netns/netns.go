@@ -85,7 +85,11 @@ func (n *NS) Sysctl(key, value string) error {
 
 // Do runs fn on an OS thread that has entered the namespace. Sockets fn
 // creates belong to the namespace and may be used from any goroutine after
-// fn returns.
+// fn returns. A fn that ends its goroutine instead of returning (a
+// t.Fatal inside it calls runtime.Goexit) makes Do return an error rather
+// than wait for good, and the thread leaves the namespace first: a thread
+// left in it could be the process's main thread, which `ip netns pids`
+// (and so Delete) would then take for a process of the namespace.
 func (n *NS) Do(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
@@ -108,7 +112,19 @@ func (n *NS) Do(fn func() error) error {
 			errc <- err
 			return
 		}
+		returned := false
+		defer func() {
+			if returned {
+				return
+			}
+			if vnetns.Set(orig) == nil {
+				runtime.UnlockOSThread()
+			}
+			errc <- fmt.Errorf("netns %s: the function ended its goroutine before returning "+
+				"(t.Fatal inside Do? return an error instead)", n.Name)
+		}()
 		ferr := fn()
+		returned = true
 		if err := vnetns.Set(orig); err != nil {
 			errc <- fmt.Errorf("return to the original namespace: %w", err)
 			return
