@@ -23,9 +23,18 @@ type view struct {
 
 func snapshot(t *testing.T, dp *dataplane.Dataplane) view {
 	t.Helper()
-	fes, _ := dp.Frontends()
-	names, _ := dp.ServiceNames()
-	bes, _ := dp.Backends()
+	fes, err := dp.Frontends()
+	if err != nil {
+		t.Fatalf("frontends: %v", err)
+	}
+	names, err := dp.ServiceNames()
+	if err != nil {
+		t.Fatalf("service names: %v", err)
+	}
+	bes, err := dp.Backends()
+	if err != nil {
+		t.Fatalf("backends: %v", err)
+	}
 	v := view{Frontends: map[string]string{}}
 	table := func(id uint32) string {
 		if id == 0 {
@@ -49,7 +58,10 @@ func snapshot(t *testing.T, dp *dataplane.Dataplane) view {
 		v.Backends = append(v.Backends, fmt.Sprintf("%s local=%v term=%v", b, b.Local, b.Terminating))
 	}
 	sort.Strings(v.Backends)
-	rs, _ := dp.SourceRanges()
+	rs, err := dp.SourceRanges()
+	if err != nil {
+		t.Fatalf("source ranges: %v", err)
+	}
 	for _, r := range rs {
 		v.Ranges = append(v.Ranges, names[r.SvcID]+" "+r.Prefix.String())
 	}

@@ -91,6 +91,54 @@ func frontend(t *testing.T, dp *dataplane.Dataplane, addr netip.Addr, port uint1
 	return v, ok
 }
 
+// mustFrontend is frontend for a frontend that must be there.
+func mustFrontend(t *testing.T, dp *dataplane.Dataplane, addr netip.Addr, port uint16) dataplane.Frontend {
+	t.Helper()
+	v, ok := frontend(t, dp, addr, port)
+	if !ok {
+		t.Fatalf("no frontend %s:%d", addr, port)
+	}
+	return v
+}
+
+// Reads of the datapath that fail the test on an error, which would
+// otherwise pass for an empty map.
+func mustFrontends(t *testing.T, dp *dataplane.Dataplane) map[dataplane.FrontendKey]dataplane.Frontend {
+	t.Helper()
+	v, err := dp.Frontends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func mustBackends(t *testing.T, dp *dataplane.Dataplane) map[uint32]dataplane.Backend {
+	t.Helper()
+	v, err := dp.Backends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func mustTableIDs(t *testing.T, dp *dataplane.Dataplane) []uint32 {
+	t.Helper()
+	v, err := dp.TableIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func mustSourceRanges(t *testing.T, dp *dataplane.Dataplane) []dataplane.SourceRange {
+	t.Helper()
+	v, err := dp.SourceRanges()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // tableBackends reads a table back as backend addresses per slot.
 func tableBackends(t *testing.T, dp *dataplane.Dataplane, id uint32) []netip.Addr {
 	t.Helper()
@@ -163,7 +211,7 @@ func TestApplyProgramsServicePort(t *testing.T) {
 	if len(count) != 3 {
 		t.Errorf("table uses %d backends, want the 3 ready ones: %v", len(count), count)
 	}
-	bes, _ := dp.Backends()
+	bes := mustBackends(t, dp)
 	for _, b := range bes {
 		if b.Addr == netip.MustParseAddr("10.244.0.6") && !b.Terminating {
 			t.Error("not-ready endpoint is not marked terminating")
@@ -202,13 +250,19 @@ func TestEndpointsHintedOutAreDraining(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			found := map[netip.Addr]bool{}
 			for _, b := range bes {
+				found[b.Addr] = true
 				if b.Addr == out.Addr && b.Terminating != tc.draining {
 					t.Errorf("%s marked draining=%v, want %v", b.Addr, b.Terminating, tc.draining)
 				}
 				if b.Addr == in.Addr && b.Terminating {
 					t.Errorf("%s in the set marked draining", b.Addr)
 				}
+			}
+			// Both stay programmed: a draining backend keeps its flows.
+			if !found[in.Addr] || !found[out.Addr] {
+				t.Errorf("backends programmed %v, want %s and %s", found, in.Addr, out.Addr)
 			}
 		})
 	}
@@ -262,7 +316,7 @@ func TestApplyFollowsChanges(t *testing.T) {
 	r, _ := reconcile.New(dp, config(), nil)
 	a, b, c := ep("10.244.1.10", false, true), ep("10.244.1.11", false, true), ep("10.244.1.12", false, true)
 	apply(t, r, web(a, b, c))
-	fe, _ := frontend(t, dp, nodeIP, 30080)
+	fe := mustFrontend(t, dp, nodeIP, 30080)
 
 	res := apply(t, r, web(a, c))
 	if res.BackendsRemoved != 1 || res.TablesWritten != 1 || len(res.RemovedBackends) != 1 {
@@ -285,7 +339,7 @@ func TestApplyFollowsChanges(t *testing.T) {
 
 	// And back.
 	apply(t, r, web(a))
-	if v, _ := frontend(t, dp, nodeIP, 30080); v.TableID == 0 {
+	if v := mustFrontend(t, dp, nodeIP, 30080); v.TableID == 0 {
 		t.Fatal("no table after scaling back up")
 	}
 
@@ -294,13 +348,13 @@ func TestApplyFollowsChanges(t *testing.T) {
 	if res.FrontendsRemoved != 3 {
 		t.Fatalf("delete: %+v", res)
 	}
-	if fes, _ := dp.Frontends(); len(fes) != 0 {
+	if fes := mustFrontends(t, dp); len(fes) != 0 {
 		t.Fatalf("%d frontends left", len(fes))
 	}
-	if bes, _ := dp.Backends(); len(bes) != 0 {
+	if bes := mustBackends(t, dp); len(bes) != 0 {
 		t.Fatalf("%d backends left", len(bes))
 	}
-	if ids, _ := dp.TableIDs(); len(ids) != 0 {
+	if ids := mustTableIDs(t, dp); len(ids) != 0 {
 		t.Fatalf("tables left: %v", ids)
 	}
 }
@@ -314,11 +368,11 @@ func TestApplyTrafficPolicies(t *testing.T) {
 	onlyRemote := web(remote)
 	onlyRemote.ExternalTrafficPolicyLocal = true
 	apply(t, r, onlyRemote)
-	nodePort, _ := frontend(t, dp, nodeIP, 30080)
+	nodePort := mustFrontend(t, dp, nodeIP, 30080)
 	if want := dataplane.FrontendExternal | dataplane.FrontendDropIfEmpty | dataplane.FrontendLocalSet; nodePort.TableID != 0 || nodePort.Flags != want {
 		t.Errorf("eTP=Local without local endpoints: %+v, want drop, no SNAT, the local set (flags %#x)", nodePort, want)
 	}
-	ci, _ := frontend(t, dp, clusterIP, 80)
+	ci := mustFrontend(t, dp, clusterIP, 80)
 	if ci.TableID == 0 {
 		t.Error("ClusterIP lost its endpoints under eTP=Local")
 	}
@@ -355,7 +409,7 @@ func TestApplyTrafficPolicies(t *testing.T) {
 		{"iTP=Local NodePort (this node's traffic to it uses the cluster-wide set)", inner, nodeIP, 30080, 0},
 	} {
 		apply(t, r, tc.svc)
-		v, _ := frontend(t, dp, tc.addr, tc.port)
+		v := mustFrontend(t, dp, tc.addr, tc.port)
 		if got := v.Flags & (dataplane.FrontendLocalSet | dataplane.FrontendInternalLocalSet); got != tc.wantFlags {
 			t.Errorf("%s: local-set flags %#x, want %#x", tc.name, got, tc.wantFlags)
 		}
@@ -366,12 +420,12 @@ func TestApplyTrafficPolicies(t *testing.T) {
 	ranged.SourceRangesSet = true
 	ranged.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
 	apply(t, r, ranged)
-	lb, _ := frontend(t, dp, lbIP, 80)
-	np, _ := frontend(t, dp, nodeIP, 30080)
+	lb := mustFrontend(t, dp, lbIP, 80)
+	np := mustFrontend(t, dp, nodeIP, 30080)
 	if lb.Flags&dataplane.FrontendSourceRanges == 0 || np.Flags&dataplane.FrontendSourceRanges != 0 {
 		t.Errorf("source-range flag: LB %#x, NodePort %#x", lb.Flags, np.Flags)
 	}
-	srs, _ := dp.SourceRanges()
+	srs := mustSourceRanges(t, dp)
 	if len(srs) != 1 || srs[0].SvcID != lb.SvcID || srs[0].Prefix != ranged.SourceRanges[0] {
 		t.Errorf("source ranges %v", srs)
 	}
@@ -379,10 +433,10 @@ func TestApplyTrafficPolicies(t *testing.T) {
 	affine := web(remote)
 	affine.AffinityTimeout = 3 * time.Hour
 	apply(t, r, affine)
-	if v, _ := frontend(t, dp, lbIP, 80); v.AffinityTimeout != 10800 {
+	if v := mustFrontend(t, dp, lbIP, 80); v.AffinityTimeout != 10800 {
 		t.Errorf("affinity timeout %d s, want 10800", v.AffinityTimeout)
 	}
-	if srs, _ := dp.SourceRanges(); len(srs) != 0 {
+	if srs := mustSourceRanges(t, dp); len(srs) != 0 {
 		t.Errorf("source ranges left behind: %v", srs)
 	}
 }
@@ -395,8 +449,8 @@ func TestRestartAdoptsPinnedState(t *testing.T) {
 	other.Frontends = []model.Frontend{{Addr: nodeIP, Port: 30081, Protocol: model.TCP, Kind: model.NodePort}}
 	svc := web(ep("10.244.1.10", false, true), ep("10.244.1.11", false, true))
 	apply(t, r, other, svc)
-	before, _ := dp.Frontends()
-	beforeBackends, _ := dp.Backends()
+	before := mustFrontends(t, dp)
+	beforeBackends := mustBackends(t, dp)
 
 	// A new agent, and the services arrive in another order.
 	r2, err := reconcile.New(dp, config(), nil)
@@ -407,13 +461,13 @@ func TestRestartAdoptsPinnedState(t *testing.T) {
 	if res.FrontendsWritten != 0 || res.FrontendsRemoved != 0 || res.BackendsAdded != 0 || res.BackendsRemoved != 0 {
 		t.Fatalf("restart changed frontends or backends: %+v", res)
 	}
-	after, _ := dp.Frontends()
+	after := mustFrontends(t, dp)
 	for k, v := range before {
 		if after[k] != v {
 			t.Errorf("frontend %s: %+v became %+v", k, v, after[k])
 		}
 	}
-	afterBackends, _ := dp.Backends()
+	afterBackends := mustBackends(t, dp)
 	for id, b := range beforeBackends {
 		if afterBackends[id] != b {
 			t.Errorf("backend %d: %+v became %+v", id, b, afterBackends[id])
@@ -445,8 +499,8 @@ func TestTwoNodesBuildIdenticalTables(t *testing.T) {
 	}
 	apply(t, rb, unrelated, web(reversed...))
 
-	fa, _ := frontend(t, nodeA, lbIP, 80)
-	fb, _ := frontend(t, nodeB, lbIP, 80)
+	fa := mustFrontend(t, nodeA, lbIP, 80)
+	fb := mustFrontend(t, nodeB, lbIP, 80)
 	ta, tb := tableBackends(t, nodeA, fa.TableID), tableBackends(t, nodeB, fb.TableID)
 	if len(ta) != len(tb) {
 		t.Fatalf("table sizes %d and %d", len(ta), len(tb))
@@ -492,7 +546,7 @@ func TestApplyReportsBackendsLeavingAPort(t *testing.T) {
 		return s
 	}
 	apply(t, r, web(a, shared), other(shared))
-	webFE, _ := frontend(t, dp, nodeIP, 30080)
+	webFE := mustFrontend(t, dp, nodeIP, 30080)
 
 	res := apply(t, r, web(a), other(shared))
 	if len(res.RemovedBackends) != 0 || len(res.Departed) != 1 {
@@ -565,8 +619,8 @@ func TestSweepAfterRestart(t *testing.T) {
 	}
 	before, _ := reconcile.New(dp, config(), nil)
 	apply(t, before, web(a, shared), other(shared))
-	webFE, _ := frontend(t, dp, nodeIP, 30080)
-	otherFE, _ := frontend(t, dp, nodeIP, 30081)
+	webFE := mustFrontend(t, dp, nodeIP, 30080)
+	otherFE := mustFrontend(t, dp, nodeIP, 30081)
 	bes, err := dp.Backends()
 	if err != nil {
 		t.Fatal(err)
@@ -742,7 +796,7 @@ func TestApplyBuildsOnlyChangedTables(t *testing.T) {
 				st.builds, st.writes)
 		}
 	}
-	fe, _ := frontend(t, dp, nodeIP, 30080)
+	fe := mustFrontend(t, dp, nodeIP, 30080)
 	if got := tableBackends(t, dp, fe.TableID); len(got) == 0 {
 		t.Fatal("no table after the last step")
 	}

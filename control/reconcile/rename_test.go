@@ -174,7 +174,7 @@ func TestStoppedRenameLeavesThePort(t *testing.T) {
 	a := ep("10.244.1.10", false, true)
 	before := web(a)
 	apply(t, r, before)
-	fe, _ := frontend(t, dp, nodeIP, 30080)
+	fe := mustFrontend(t, dp, nodeIP, 30080)
 	after := named("http", a)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -187,7 +187,7 @@ func TestStoppedRenameLeavesThePort(t *testing.T) {
 	if res := apply(t, r, after); len(res.Departed) != 0 {
 		t.Errorf("departed %+v", res.Departed)
 	}
-	if now, _ := frontend(t, dp, nodeIP, 30080); now.SvcID != fe.SvcID {
+	if now := mustFrontend(t, dp, nodeIP, 30080); now.SvcID != fe.SvcID {
 		t.Errorf("service id %d after the rename, want %d", now.SvcID, fe.SvcID)
 	}
 	if names := serviceNames(t, dp); !maps.Equal(names, map[uint32]string{fe.SvcID: after.Key()}) {
@@ -206,11 +206,11 @@ func TestRenamedPortReportsBackendsThatLeave(t *testing.T) {
 			a, shared, gone := ep("10.244.1.10", false, true), ep("10.244.1.20", false, true), ep("10.244.1.30", false, true)
 			before := web(a, shared, gone)
 			apply(t, r, before, otherService(shared))
-			fe, _ := frontend(t, dp, nodeIP, 30080)
+			fe := mustFrontend(t, dp, nodeIP, 30080)
 
 			after := named("http", a)
 			res := replace(t, r, full, []model.Service{before}, after, otherService(shared))
-			if now, _ := frontend(t, dp, nodeIP, 30080); now.SvcID != fe.SvcID {
+			if now := mustFrontend(t, dp, nodeIP, 30080); now.SvcID != fe.SvcID {
 				t.Fatalf("service id %d after the rename, want %d", now.SvcID, fe.SvcID)
 			}
 			if len(res.Departed) != 1 {
@@ -248,7 +248,7 @@ func TestPortsTakingOverRemovedFrontends(t *testing.T) {
 		r, _ := reconcile.New(dp, config(), nil)
 		before := web(a, shared)
 		apply(t, r, before)
-		fe, _ := frontend(t, dp, nodeIP, 30080)
+		fe := mustFrontend(t, dp, nodeIP, 30080)
 		// http takes the ClusterIP and the NodePort; alt, first in key
 		// order, the LoadBalancer address.
 		http, alt := named("http", a, shared), named("alt", a, shared)
@@ -275,8 +275,8 @@ func TestPortsTakingOverRemovedFrontends(t *testing.T) {
 		r, _ := reconcile.New(dp, config(), nil)
 		first, second := web(a), otherService(shared)
 		apply(t, r, first, second)
-		fe1, _ := frontend(t, dp, nodeIP, 30080)
-		fe2, _ := frontend(t, dp, nodeIP, 30081)
+		fe1 := mustFrontend(t, dp, nodeIP, 30080)
+		fe2 := mustFrontend(t, dp, nodeIP, 30081)
 		both := named("http", a, shared)
 		both.Frontends = append(both.Frontends, second.Frontends...)
 		res := replace(t, r, false, []model.Service{first, second}, both)
@@ -298,10 +298,10 @@ func TestPortsTakingOverRemovedFrontends(t *testing.T) {
 		r, _ := reconcile.New(dp, config(), nil)
 		before := web(a, shared)
 		apply(t, r, before)
-		fe, _ := frontend(t, dp, nodeIP, 30080)
+		fe := mustFrontend(t, dp, nodeIP, 30080)
 		other := otherService(a, shared)
 		res := replace(t, r, false, []model.Service{before}, other)
-		if got, _ := frontend(t, dp, nodeIP, 30081); got.SvcID == fe.SvcID {
+		if got := mustFrontend(t, dp, nodeIP, 30081); got.SvcID == fe.SvcID {
 			t.Errorf("%s took service id %d over without a frontend of the port removed", other.Key(), got.SvcID)
 		}
 		if len(res.Departed) != 2 {
@@ -325,11 +325,11 @@ func TestPortsTakingOverRemovedFrontends(t *testing.T) {
 		r, _ := reconcile.New(dp, config(), nil)
 		before := web(a, shared)
 		apply(t, r, before)
-		fe, _ := frontend(t, dp, nodeIP, 30080)
+		fe := mustFrontend(t, dp, nodeIP, 30080)
 		api := web(a)
 		api.Name = "api"
 		res := replace(t, r, false, []model.Service{before}, api)
-		got, _ := frontend(t, dp, nodeIP, 30080)
+		got := mustFrontend(t, dp, nodeIP, 30080)
 		if got.SvcID == fe.SvcID {
 			t.Errorf("%s took service id %d of %s over", api.Key(), got.SvcID, before.Key())
 		}
@@ -353,7 +353,7 @@ func TestRenameKeepsSNATFlows(t *testing.T) {
 	a, shared := ep("10.244.1.10", false, true), ep("10.244.1.20", false, true)
 	before := web(a, shared)
 	apply(t, r, before, otherService(shared))
-	fe, _ := frontend(t, dp, nodeIP, 30080)
+	fe := mustFrontend(t, dp, nodeIP, 30080)
 	ids := map[netip.Addr]uint32{}
 	bes, err := dp.Backends()
 	if err != nil {

@@ -38,9 +38,9 @@ func (c failAfter) Err() error {
 // them names a backend that exists.
 func consistent(t *testing.T, dp *dataplane.Dataplane) {
 	t.Helper()
-	fes, _ := dp.Frontends()
-	bes, _ := dp.Backends()
-	ids, _ := dp.TableIDs()
+	fes := mustFrontends(t, dp)
+	bes := mustBackends(t, dp)
+	ids := mustTableIDs(t, dp)
 	have := map[uint32]bool{}
 	for _, id := range ids {
 		have[id] = true
