@@ -99,6 +99,39 @@ func TestResizeKeepsWhatTheControlPlaneWrote(t *testing.T) {
 	}
 }
 
+// A smaller --services-max leaves out the Maglev tables of ids beyond it
+// (their ports get new ids at the agent's first sync; until then the
+// datapath drops their new flows: drop_bad_table) and keeps the others.
+func TestTablesBeyondASmallerServicesMaxAreLeftOut(t *testing.T) {
+	opts := smallOptions(testenv.BPFFS(t))
+	dp, err := loadertest.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := dataplane.New(&dp.Maps)
+	table := []uint32{5, 5, 5}
+	for _, id := range []uint32{2, 9} {
+		if err := d.PutTable(id, table); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dp.Close()
+
+	opts.ServicesMax = 4 // tables 0-7
+	dp, err = loadertest.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	d = dataplane.New(&dp.Maps)
+	if got, err := d.Table(2); err != nil || !slices.Equal(got, table) {
+		t.Errorf("table 2 after the resize %v (%v), want %v", got, err, table)
+	}
+	if ids, err := d.TableIDs(); err != nil || !slices.Equal(ids, []uint32{2}) {
+		t.Errorf("tables after the resize %v (%v), want only table 2", ids, err)
+	}
+}
+
 // Maglev tables pinned by a version that kept them in a hash of maps are
 // taken over by the array of maps, under the same ids: the frontends that
 // name them keep their backends until the agent's first sync.

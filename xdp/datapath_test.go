@@ -150,7 +150,9 @@ func TestUntranslatableFramesPassUntouched(t *testing.T) {
 		})
 	}
 	flows := 0
-	f.maps.Flows(func(dataplane.Flow) bool { flows++; return true })
+	if err := f.maps.Flows(func(dataplane.Flow) bool { flows++; return true }); err != nil {
+		t.Fatal(err)
+	}
 	if flows != 0 {
 		t.Fatalf("%d flows tracked for untranslatable frames", flows)
 	}

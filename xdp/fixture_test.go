@@ -321,6 +321,27 @@ func (f *fixture) counters() map[string]uint64 {
 	return out
 }
 
+// flow reads a tracked flow; a failed read fails the test (it would pass
+// for a flow not tracked).
+func (f *fixture) flow(k dataplane.FlowKey) (dataplane.Flow, bool) {
+	f.t.Helper()
+	fl, ok, err := f.maps.Flow(k)
+	if err != nil {
+		f.t.Fatalf("read flow %+v: %v", k, err)
+	}
+	return fl, ok
+}
+
+// reverseEntries counts the reverse halves; a failed read fails the test.
+func (f *fixture) reverseEntries() int {
+	f.t.Helper()
+	n, err := f.maps.ReverseEntries()
+	if err != nil {
+		f.t.Fatalf("count reverse entries: %v", err)
+	}
+	return n
+}
+
 // expectCounters runs fn and checks that exactly the named counters moved
 // by the given amounts ("rx" is implied and ignored).
 func (f *fixture) expectCounters(want map[string]uint64, fn func()) {

@@ -172,7 +172,7 @@ func TestExpiredFlowIsReplaced(t *testing.T) {
 		t.Errorf("same tuple re-hashed to %s, Maglev says %s", out.Dst, first.Dst)
 	}
 	// The old reverse entry went with the old forward entry.
-	if n, _ := f.maps.ReverseEntries(); n != 1 {
+	if n := f.reverseEntries(); n != 1 {
 		t.Errorf("%d reverse entries after replacement, want 1", n)
 	}
 }
@@ -389,7 +389,7 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 	if portOf[6001] == portOf[6002] {
 		t.Fatalf("two live flows share SNAT port %d", portOf[6001])
 	}
-	if n, _ := f.maps.ReverseEntries(); n != 2 {
+	if n := f.reverseEntries(); n != 2 {
 		t.Fatalf("%d reverse halves, want 2", n)
 	}
 
@@ -400,7 +400,7 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 
 	// The first flow's conntrack entry is evicted: its port is free for
 	// the next flow, whose replies then reach it.
-	first, _, _ := f.maps.Flow(key(6001))
+	first, _ := f.flow(key(6001))
 	if err := f.dp.Maps.Conntrack.Delete(xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
 		Sport: xdp.PortToNet(6001), Dport: xdp.PortToNet(30100), Proto: packet.TCP}); err != nil {
 		t.Fatal(err)
@@ -533,14 +533,14 @@ func TestRetransmittedSYNKeepsTheFlow(t *testing.T) {
 				t.Fatalf("flow not tracked: %v", err)
 			}
 			f.run(syn.Bytes(), f.nic0)
-			again, _, _ := f.maps.Flow(key)
+			again, _ := f.flow(key)
 			if again.Backend != first.Backend || again.NAT != first.NAT {
 				t.Fatalf("retransmitted SYN moved the flow from %+v to %+v", first, again)
 			}
 			if found, err := f.maps.UpdateReverse(first, func(*xdp.NicNatEntry) {}); err != nil || !found {
 				t.Fatalf("the flow lost its reverse half to the retransmitted SYN (%v)", err)
 			}
-			if n, _ := f.maps.ReverseEntries(); n != 1 {
+			if n := f.reverseEntries(); n != 1 {
 				t.Fatalf("%d reverse halves, want the flow's one", n)
 			}
 		})
@@ -761,13 +761,13 @@ func TestFlowHalvesRepairEachOther(t *testing.T) {
 	key := flow.Key()
 
 	// Lose the reverse half: the next forward packet restores it.
-	if n, _ := f.maps.ReverseEntries(); n != 1 {
+	if n := f.reverseEntries(); n != 1 {
 		t.Fatalf("%d reverse entries, want 1", n)
 	}
 	if err := f.maps.DeleteReverse(flow); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := f.maps.ReverseEntries(); n != 0 {
+	if n := f.reverseEntries(); n != 0 {
 		t.Fatalf("%d reverse entries after deleting the only one", n)
 	}
 	// Checks happen once a second per flow: make this one due.
@@ -777,7 +777,7 @@ func TestFlowHalvesRepairEachOther(t *testing.T) {
 	f.expectCounters(map[string]uint64{"nat_repaired": 1, "redirect": 1}, func() {
 		f.run(ack.Bytes(), f.nic0)
 	})
-	if n, _ := f.maps.ReverseEntries(); n != 1 {
+	if n := f.reverseEntries(); n != 1 {
 		t.Fatalf("%d reverse entries, want 1", n)
 	}
 
@@ -791,7 +791,7 @@ func TestFlowHalvesRepairEachOther(t *testing.T) {
 	f.expectCounters(map[string]uint64{"ct_repaired": 1, "reverse_nat": 1, "redirect": 1}, func() {
 		f.run(reply.Bytes(), f.nic1)
 	})
-	again, ok, _ := f.maps.Flow(key)
+	again, ok := f.flow(key)
 	if !ok || again.Backend != flow.Backend || again.NAT != flow.NAT {
 		t.Fatalf("rebuilt flow %+v, was %+v", again, flow)
 	}
@@ -833,7 +833,7 @@ func TestPurgedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	if n, err := reconcile.PurgeFlows(context.Background(), f.maps, reconcile.Stale{Removed: removed}, nil); err != nil || n.Flows != 1 {
 		t.Fatalf("purged %+v (%v), want 1 flow", n, err)
 	}
-	if fl, ok, _ := f.maps.Flow(flow.Key()); ok && !fl.Ended {
+	if fl, ok := f.flow(flow.Key()); ok && !fl.Ended {
 		t.Fatal("the purged flow is still tracked")
 	}
 	f.ageReverse(flow) // the slot holds it still; its check is due
@@ -841,7 +841,7 @@ func TestPurgedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_stale_nat": 1, "ct_repaired": 0, "reverse_nat": 0}, func() {
 		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
 	})
-	if fl, ok, _ := f.maps.Flow(flow.Key()); ok && !fl.Ended {
+	if fl, ok := f.flow(flow.Key()); ok && !fl.Ended {
 		t.Fatal("a late reply brought the purged flow back")
 	}
 	// Its reverse half is gone too: the next such reply is not ours.
@@ -911,7 +911,7 @@ func TestDepartedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
 		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
 	})
-	if fl, ok, _ := f.maps.Flow(flow.Key()); ok && !fl.Ended {
+	if fl, ok := f.flow(flow.Key()); ok && !fl.Ended {
 		t.Fatalf("a late reply brought the departed flow back: %+v", fl)
 	}
 	ack := in
@@ -936,7 +936,7 @@ func TestEndedFlowStaysOverUnderLongerTimeouts(t *testing.T) {
 	ack.Flags = packet.ACK
 	f.run(ack.Bytes(), f.nic0) // established
 	departFromWeb(t, f, flow)
-	if fl, ok, _ := f.maps.Flow(flow.Key()); !ok || !fl.Ended {
+	if fl, ok := f.flow(flow.Key()); !ok || !fl.Ended {
 		t.Fatalf("the departed flow's entry is not ended in place: %+v (tracked %v)", fl, ok)
 	}
 	f.setTimeouts(168*time.Hour, time.Hour, time.Hour) // the longest the flags allow
@@ -1613,7 +1613,7 @@ func TestReplyTupleTakenUDPIsDropped(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
 		f.expectVerdict(f.run(toNodePort.Bytes(), f.nic0), xdpDrop)
 	})
-	if _, ok, _ := f.maps.Flow(first); ok {
+	if _, ok := f.flow(first); ok {
 		t.Error("the UDP flow that lost its reply tuple is still tracked")
 	}
 }
@@ -1695,10 +1695,68 @@ func TestReplyDoesNotReviveAnEvictedExpiredFlow(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
 		f.expectVerdict(f.run(reply.Bytes(), f.nic1), xdpDrop)
 	})
-	if _, ok, _ := f.maps.Flow(key); ok {
+	if _, ok := f.flow(key); ok {
 		t.Error("a late reply brought the expired flow back")
 	}
 	f.expectCounters(map[string]uint64{"new_flow": 1, "redirect": 1}, func() {
 		f.run(in.Bytes(), f.nic0)
+	})
+}
+
+// A remote backend's flow is SNATed to the address of the device the
+// backend is routed through, else to the ingress device's; with neither
+// known the flow is refused (drop_no_node_addr) rather than sent from no
+// address.
+func TestSNATSourceIsTheEgressAddressElseTheIngressOne(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		forget   func(f *fixture) []int // interfaces whose address is unknown
+		want     netip.Addr             // SNAT source; invalid: refused
+		counters map[string]uint64
+	}{
+		{"the egress device's", func(*fixture) []int { return nil }, nic1Addr,
+			map[string]uint64{"new_flow": 1, "redirect": 1}},
+		{"the ingress device's", func(f *fixture) []int { return []int{f.nic1} }, nodeAddr,
+			map[string]uint64{"new_flow": 1, "redirect": 1}},
+		{"none", func(f *fixture) []int { return []int{f.nic0, f.nic1} }, netip.Addr{},
+			map[string]uint64{"drop_no_node_addr": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			web := webService()
+			f.program(web)
+			for _, ifindex := range tc.forget(f) {
+				if err := f.dp.Maps.Ifaces.Delete(uint32(ifindex)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
+			in.SrcPort = findClientPort(t, web, in, 1)
+			var r result
+			f.expectCounters(tc.counters, func() { r = f.run(in.Bytes(), f.nic0) })
+			if !tc.want.IsValid() {
+				f.expectVerdict(r, xdpDrop)
+				return
+			}
+			f.expectVerdict(r, xdpRedirect)
+			if out := decode(t, r.out); out.Src != tc.want || out.Dst != remotePod1 {
+				t.Errorf("sent %s -> %s, want %s -> %s", out.Src, out.Dst, tc.want, remotePod1)
+			}
+		})
+	}
+}
+
+// A frontend whose Maglev table is missing (a table left out by a smaller
+// --services-max until the agent's first sync) drops new flows, counted,
+// rather than pass them to the stack untranslated.
+func TestFrontendWithoutItsTableDropsNewFlows(t *testing.T) {
+	f := newFixture(t)
+	f.program(webService())
+	if err := f.maps.DeleteTable(webService().tableID); err != nil {
+		t.Fatal(err)
+	}
+	in := tcpFrame(clientAddr, 2345, nodeAddr, nodePort, packet.SYN, "")
+	f.expectCounters(map[string]uint64{"drop_bad_table": 1}, func() {
+		f.expectVerdict(f.run(in.Bytes(), f.nic0), xdpDrop)
 	})
 }

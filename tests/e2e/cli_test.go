@@ -564,8 +564,8 @@ func checkCounters(t *testing.T, status string) {
 	}
 }
 
-// attachedPrograms describes the XDP and tcx programs on an interface of
-// the edge node ("" if none).
+// attachedPrograms describes the XDP and tcx programs (both directions)
+// on an interface of the edge node ("" if none).
 func (s *sandbox) attachedPrograms(ifname string) string {
 	s.t.Helper()
 	var desc []string
@@ -577,12 +577,17 @@ func (s *sandbox) attachedPrograms(ifname string) string {
 		if x := l.Attrs().Xdp; x != nil && x.Attached {
 			desc = append(desc, fmt.Sprintf("XDP program %d", x.ProgId))
 		}
-		q, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			return err
-		}
-		for _, p := range q.Programs {
-			desc = append(desc, fmt.Sprintf("tcx program %d", p.ID))
+		for _, dir := range []struct {
+			name   string
+			attach ebpf.AttachType
+		}{{"ingress", ebpf.AttachTCXIngress}, {"egress", ebpf.AttachTCXEgress}} {
+			q, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: dir.attach})
+			if err != nil {
+				return err
+			}
+			for _, p := range q.Programs {
+				desc = append(desc, fmt.Sprintf("tcx %s program %d", dir.name, p.ID))
+			}
 		}
 		return nil
 	})
