@@ -369,13 +369,16 @@ func (g *Generator) Once() ([]byte, error) {
 // xdpTX is the XDP_TX verdict.
 const xdpTX = 3
 
-// threadCPU is the calling thread's CPU time so far.
+// threadCPU is the calling thread's CPU time so far. The thread CPU
+// clock counts the running thread's time up to now; getrusage counts it
+// as of the last tick or switch, which reads a run shorter than a tick,
+// without a switch, as no time at all.
 func threadCPU() (time.Duration, error) {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
 		return 0, fmt.Errorf("thread CPU time: %w", err)
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+	return time.Duration(ts.Nano()), nil
 }
 
 // allowedCPUs lists the CPUs this process may run on.
