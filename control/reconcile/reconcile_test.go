@@ -69,14 +69,23 @@ func web(eps ...model.Endpoint) model.Service {
 	return s
 }
 
+// apply applies svcs, which must be programmed without a problem (tests
+// that expect one use applyWithProblems and check them).
 func apply(t *testing.T, r *reconcile.Reconciler, svcs ...model.Service) reconcile.Result {
+	t.Helper()
+	res := applyWithProblems(t, r, svcs...)
+	if len(res.Problems) > 0 {
+		t.Errorf("apply: problems %q", res.Problems)
+	}
+	return res
+}
+
+// applyWithProblems applies svcs; the caller checks res.Problems.
+func applyWithProblems(t *testing.T, r *reconcile.Reconciler, svcs ...model.Service) reconcile.Result {
 	t.Helper()
 	res, err := r.Apply(context.Background(), model.State{Services: svcs})
 	if err != nil {
 		t.Fatalf("apply: %v", err)
-	}
-	if len(res.Problems) > 0 {
-		t.Logf("problems: %v", res.Problems)
 	}
 	return res
 }

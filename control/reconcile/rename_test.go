@@ -39,7 +39,7 @@ func otherService(eps ...model.Endpoint) model.Service {
 func replace(t *testing.T, r *reconcile.Reconciler, full bool, gone []model.Service, want ...model.Service) reconcile.Result {
 	t.Helper()
 	if full {
-		return apply(t, r, want...)
+		return applyWithProblems(t, r, want...)
 	}
 	changed := map[string]*model.Service{}
 	for _, s := range gone {
@@ -514,7 +514,7 @@ func TestRefusedRenameFreesTheServiceID(t *testing.T) {
 				refusedState(t, dp, r, res, id, fillerID, c.filler, tables, before.Endpoints)
 
 				// Nothing changes while there is no room: the id stays free.
-				res = apply(t, r, c.filler, after)
+				res = applyWithProblems(t, r, c.filler, after)
 				if res.WaitingForRoom != 1 || len(res.Departed) != 0 {
 					t.Errorf("again: %d waiting for room, departed %+v; want %s refused, nothing departed",
 						res.WaitingForRoom, res.Departed, after.Key())
