@@ -1,5 +1,5 @@
 // Package metrics exposes the agent on Prometheus: sync and programming
-// latencies, pending changes, Maglev rebuilds, map occupancy, and the
+// latencies, pending changes, Maglev rebuilds, map occupancy and memory, and the
 // datapath's own counters read from BPF at scrape time.
 package metrics
 
@@ -95,8 +95,8 @@ func (m *Metrics) Handler() http.Handler {
 	return mux
 }
 
-// datapathCollector reads the BPF counters when scraped. Map occupancy
-// needs a walk over the map, so it is cached for occupancyTTL.
+// datapathCollector reads the BPF counters when scraped; map occupancy
+// and memory, which cost more to read, are cached between scrapes.
 type datapathCollector struct {
 	dp    *dataplane.Dataplane
 	log   *slog.Logger
@@ -109,19 +109,45 @@ type datapathCollector struct {
 	entries, maxSize *prometheus.Desc
 	memory           *prometheus.Desc
 
-	mu          sync.Mutex
-	occupancy   map[string]int
-	measured    time.Time
-	memBytes    map[string]uint64
-	memMeasured time.Time
+	occupancyCache *cached[map[string]int]
+	memoryCache    *cached[map[string]uint64]
 }
 
 // Map occupancy needs a walk over the maps, and the inner Maglev tables'
-// memory an open of each: both are cached between scrapes.
+// memory an open of each.
 const (
 	occupancyTTL = 15 * time.Second
 	memoryTTL    = time.Minute
 )
+
+// cached holds a reading for a while; a failed reading keeps the last
+// good one.
+type cached[V any] struct {
+	ttl  time.Duration
+	what string // for the log
+
+	mu   sync.Mutex
+	v    V
+	have bool
+	at   time.Time
+}
+
+func (c *cached[V]) get(read func() (V, error), log *slog.Logger) V {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.have && time.Since(c.at) < c.ttl {
+		return c.v
+	}
+	v, err := read()
+	if err != nil {
+		if log != nil {
+			log.Warn("read "+c.what, "error", err)
+		}
+		return c.v
+	}
+	c.v, c.have, c.at = v, true, time.Now()
+	return v
+}
 
 func newDatapathCollector(dp *dataplane.Dataplane, log *slog.Logger) *datapathCollector {
 	names, err := xdp.StatNames()
@@ -130,6 +156,8 @@ func newDatapathCollector(dp *dataplane.Dataplane, log *slog.Logger) *datapathCo
 	}
 	return &datapathCollector{
 		dp: dp, log: log, names: names,
+		occupancyCache: &cached[map[string]int]{ttl: occupancyTTL, what: "map occupancy"},
+		memoryCache:    &cached[map[string]uint64]{ttl: memoryTTL, what: "map memory"},
 		packets: prometheus.NewDesc("xdplb_datapath_packets_total",
 			"Packets by the datapath's verdict or event (see README: counters).", []string{"reason"}, nil),
 		bytes: prometheus.NewDesc("xdplb_datapath_bytes_total",
@@ -179,47 +207,13 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.svcNewFlows, prometheus.CounterValue, float64(sc.NewFlows), name)
 		}
 	}
-	for name, n := range c.mapOccupancy() {
+	for name, n := range c.occupancyCache.get(c.dp.Occupancy, c.log) {
 		ch <- prometheus.MustNewConstMetric(c.entries, prometheus.GaugeValue, float64(n), name)
 	}
 	for name, n := range c.dp.Capacities() {
 		ch <- prometheus.MustNewConstMetric(c.maxSize, prometheus.GaugeValue, float64(n), name)
 	}
-	for name, n := range c.mapMemory() {
+	for name, n := range c.memoryCache.get(c.dp.MapMemory, c.log) {
 		ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(n), name)
 	}
-}
-
-func (c *datapathCollector) mapMemory() map[string]uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.memBytes != nil && time.Since(c.memMeasured) < memoryTTL {
-		return c.memBytes
-	}
-	mem, err := c.dp.MapMemory()
-	if err != nil {
-		if c.log != nil {
-			c.log.Warn("read map memory", "error", err)
-		}
-		return c.memBytes
-	}
-	c.memBytes, c.memMeasured = mem, time.Now()
-	return mem
-}
-
-func (c *datapathCollector) mapOccupancy() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.occupancy != nil && time.Since(c.measured) < occupancyTTL {
-		return c.occupancy
-	}
-	occ, err := c.dp.Occupancy()
-	if err != nil {
-		if c.log != nil {
-			c.log.Warn("read map occupancy", "error", err)
-		}
-		return c.occupancy
-	}
-	c.occupancy, c.measured = occ, time.Now()
-	return occ
 }
