@@ -1760,3 +1760,37 @@ func TestFrontendWithoutItsTableDropsNewFlows(t *testing.T) {
 		f.expectVerdict(f.run(in.Bytes(), f.nic0), xdpDrop)
 	})
 }
+
+// A flow whose replies are rarer than its timeout (a one-way UDP stream)
+// stays alive by its client's packets: when its forward half is evicted,
+// the next reply still reaches the client instead of ending the flow.
+func TestRareRepliesOfALiveFlowGetThrough(t *testing.T) {
+	f := newFixture(t)
+	f.program(udpService())
+	f.setTimeouts(time.Hour, time.Minute, 10*time.Second)
+	in := udpFrame(clientAddr, 3335, nodeAddr, 30053, "stream")
+	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
+	key := dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
+		Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: packet.UDP}
+	flow, ok := f.flow(key)
+	if !ok {
+		t.Fatal("flow not tracked")
+	}
+	// No reply for 20 s, past the timeout; the client kept sending.
+	found, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { e.LastSeenNs -= uint64(20 * time.Second) })
+	if err != nil || !found {
+		t.Fatalf("age the reverse half: %v, %v", found, err)
+	}
+	f.ageFlow(key) // its once-a-second check is due
+	f.expectCounters(map[string]uint64{"redirect": 1}, func() { f.run(in.Bytes(), f.nic0) })
+	// Evicted, then a reply.
+	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(key)); err != nil {
+		t.Fatal(err)
+	}
+	reply := udpFrame(sent.Dst, sent.DstPort, sent.Src, sent.SrcPort, "ack")
+	var r result
+	f.expectCounters(map[string]uint64{"reverse_nat": 1, "redirect": 1}, func() { r = f.run(reply.Bytes(), f.nic1) })
+	if out := decode(t, r.out); out.Dst != clientAddr || out.DstPort != in.SrcPort {
+		t.Errorf("reply went to %s:%d, want the client %s:%d", out.Dst, out.DstPort, clientAddr, in.SrcPort)
+	}
+}

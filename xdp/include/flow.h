@@ -406,9 +406,10 @@ static __always_inline int ct_over(const struct ct_entry *ct, __u8 proto, __u64 
 }
 
 /* Does a flow whose forward half was evicted go on? While its backend
- * exists, and within its timeout by its reverse half's last reply (a flow
- * with replies is past its handshake, as the forward half a reply
- * rebuilds says: ct_of_nat). */
+ * exists, and within its timeout by its reverse half's date: its last
+ * reply, or its client's last packets (nat_keep_dated). A flow with
+ * replies is past its handshake, as the forward half a reply rebuilds
+ * says (ct_of_nat). */
 static __always_inline int evicted_flow_alive(const struct nat_key *key,
 					      const struct nat_entry *rev, __u64 now)
 {

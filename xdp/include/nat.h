@@ -800,6 +800,21 @@ static __always_inline enum nat_check snat_restore_locked(struct snat_slot *slot
 }
 
 /*
+ * Date a live flow's reverse half from the client's side too, once it is
+ * older than half the UDP timeout: replies date it once a second, but a
+ * flow whose replies are rarer than its timeout (a one-way stream) would
+ * look idle by it once its forward half is evicted, and its next reply
+ * would end it (evicted_flow_alive). Seldom enough that replies keep their
+ * own once-a-second checks.
+ */
+static __always_inline void nat_keep_dated(struct nat_entry *rev, const struct datapath_config *cfg,
+					   __u64 now)
+{
+	if (time_since(READ_ONCE(rev->last_seen_ns), now) > cfg->udp_timeout_ns / 2)
+		WRITE_ONCE(rev->last_seen_ns, now);
+}
+
+/*
  * Check a SNAT flow's port (in the configured range): NAT_OK while its
  * reverse half is there, NAT_REPAIRED when it was missing and is back,
  * NAT_PORT_MOVED when the port belongs to another flow now.
@@ -807,7 +822,7 @@ static __always_inline enum nat_check snat_restore_locked(struct snat_slot *slot
 static __always_inline enum nat_check snat_check_port(const struct ct_key *flow,
 						      const struct nat_key *key,
 						      const struct nat_entry *entry,
-						      const struct datapath_config *cfg)
+						      const struct datapath_config *cfg, __u64 now)
 {
 	struct snat_slot *slot = snat_slot_for(key, cfg);
 	struct nat_entry *found;
@@ -819,12 +834,15 @@ static __always_inline enum nat_check snat_check_port(const struct ct_key *flow,
 	/* Replies find the slot before the nat map: a spill of a tuple its
 	 * slot holds for another flow gets none, and the port has moved. */
 	if (snat_slot_holds(slot, key)) {
-		if (nat_entry_matches(&slot->rev, flow))
+		if (nat_entry_matches(&slot->rev, flow)) {
+			nat_keep_dated(&slot->rev, cfg, now);
 			return NAT_OK;
+		}
 	} else {
 		found = bpf_map_lookup_elem(&nat, key);
 		if (found && nat_entry_matches(found, flow)) {
 			snat_slot_mark(slot);
+			nat_keep_dated(found, cfg, now);
 			return NAT_OK;
 		}
 	}
@@ -839,7 +857,8 @@ static __always_inline enum nat_check snat_check_port(const struct ct_key *flow,
 	return check;
 }
 
-/* Make sure a live forward entry still has its reverse half. */
+/* Make sure a live forward entry still has its reverse half (dating it:
+ * nat_keep_dated). */
 static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, struct ct_entry *ct,
 						 const struct datapath_config *cfg, __u64 now)
 {
@@ -855,8 +874,10 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 		 * (evicted), or took it over from this one, closed, with a
 		 * SYN. That flow keeps it (see dnat_put). */
 		found = bpf_map_lookup_elem(&nat, &key);
-		if (found && nat_entry_matches(found, flow))
+		if (found && nat_entry_matches(found, flow)) {
+			nat_keep_dated(found, cfg, now);
 			return NAT_OK;
+		}
 		switch (dnat_put(flow, &key, &entry, 0, cfg, now)) {
 		case 0:
 			return NAT_REPAIRED;
@@ -870,7 +891,7 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 	/* A port outside the range is one of an earlier range (a restart
 	 * with another --snat-port-range): the flow moves, as it does when
 	 * another flow holds its port now. */
-	check = snat_port_in_range(cfg, key.dport) ? snat_check_port(flow, &key, &entry, cfg)
+	check = snat_port_in_range(cfg, key.dport) ? snat_check_port(flow, &key, &entry, cfg, now)
 						   : NAT_PORT_MOVED;
 	if (check != NAT_PORT_MOVED)
 		return check;

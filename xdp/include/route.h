@@ -69,19 +69,20 @@ static __always_inline int fib_lookup_translated(void *ctx, __u32 ifindex, const
 /* The device the FIB routes daddr through, asked without the packet's
  * length (a lookup that fails the MTU check returns before it names the
  * device); ifindex when it names none. In TC a lookup without a length
- * measures the packet itself, after naming the device. */
+ * measures the packet itself, after naming the device. The lookup is
+ * made in *fib, whose earlier result is lost: a struct of its own would
+ * take the caller past the verifier's stack limit on kernels that round
+ * frames to 32 bytes. */
 static __always_inline __u32 fib_egress_ifindex(void *ctx, __u32 ifindex, const struct packet *pkt,
-						__be32 daddr)
+						__be32 daddr, struct bpf_fib_lookup *fib)
 {
-	struct bpf_fib_lookup fib;
-
-	fib_params_ipv4(ifindex, pkt, daddr, &fib);
-	fib.tot_len = 0;
-	switch (bpf_fib_lookup(ctx, &fib, sizeof(fib), 0)) {
+	fib_params_ipv4(ifindex, pkt, daddr, fib);
+	fib->tot_len = 0;
+	switch (bpf_fib_lookup(ctx, fib, sizeof(*fib), 0)) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
 	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
-		return fib.ifindex;
+		return fib->ifindex;
 	default:
 		return ifindex;
 	}
@@ -169,8 +170,8 @@ static __always_inline int new_flow_route_fits(const struct new_flow_route *rout
  * Route a new flow's first packet to its backend (fresh->backend_id at
  * fresh->backend_addr), as if it had arrived on ifindex: fresh->hop gets
  * the next hop, or stays empty when there is none to cache (the hook then
- * routes the packet itself and handles what the lookup said). fib holds
- * the lookup, if one ran. Returns the egress device, as far as known (the
+ * routes the packet itself and handles what the lookup said). fib is
+ * scratch space for the lookups. Returns the egress device, as far as known (the
  * FIB lookup names it even when the neighbour is not resolved yet), for
  * the SNAT source address.
  *
@@ -198,7 +199,7 @@ static __noinline __u32 route_new_flow(void *ctx, const struct packet *pkt, __u3
 		break;
 	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
 		/* The kernel names the egress device only past its MTU check. */
-		return fib_egress_ifindex(ctx, ifindex, pkt, daddr);
+		return fib_egress_ifindex(ctx, ifindex, pkt, daddr, fib);
 	default:
 		return fib->ifindex;
 	}
