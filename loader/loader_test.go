@@ -235,6 +235,41 @@ func TestShiftedSNATRangeMovesSlots(t *testing.T) {
 	expectSlotAtHint(t, dp, backend, node, slot)
 }
 
+// An agent killed after its load wrote a new SNAT range into the pinned
+// configuration, before its commit, leaves slots laid out for the old
+// range under a configuration naming the new one: the next start finds
+// them misplaced and moves them all the same.
+func TestSlotsLeftByAKilledStartAreMoved(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts, dp, backend, node, slot := loadWithSNATSlot(t, root)
+	putSlotInLastBucket(t, dp, backend, node, slot)
+	dp.Close()
+
+	opts.SNATPortMin, opts.SNATPortMax = 40400, 41399
+	killed, err := loader.Load(opts, nil) // neither committed nor reverted
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed.Close()
+	running, err := loader.OpenPinned(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg xdp.NicDatapathConfig
+	err = running.Config.Lookup(uint32(0), &cfg)
+	running.Close()
+	if err != nil || cfg.SnatPortMin != 40400 {
+		t.Fatalf("pinned configuration %+v (%v): the case needs the new range written", cfg, err)
+	}
+
+	dp, err = loadertest.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	expectSlotAtHint(t, dp, backend, node, slot)
+}
+
 // SNAT slots pinned by a version that placed them by a hash of their
 // backend, without bucket hints, are moved to a bucket given in turn.
 func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {

@@ -197,8 +197,14 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			incompatible = errSlotsUnhinted
 		}
 		if incompatible == nil && name == "snat_slots" {
-			// Of the same size, but laid out for another range.
+			// Of the same size, but laid out for another range: by the
+			// pinned configuration, or by the slots themselves (an agent
+			// killed between writing a new range into the configuration
+			// and the commit left them as they were).
 			incompatible = slotsLayout
+			if incompatible == nil {
+				incompatible = misplacedSNATSlot(old, opts)
+			}
 		}
 		if incompatible == nil {
 			old.Close()
@@ -234,6 +240,34 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 }
 
 const snatBucketHints = "snat_bucket_hints"
+
+// misplacedSNATSlot says where a claimed slot among the first few of
+// slots is not where opts's layout puts its port (the slot of port p in
+// bucket b is b * range + p - min), or is nil. A layout change misplaces
+// nearly every slot, so a few tell. Unreadable slots count as placed.
+func misplacedSNATSlot(slots *ebpf.Map, opts Options) error {
+	const enough = 64
+	width := uint32(opts.SNATPortMax) - uint32(opts.SNATPortMin) + 1
+	var misplaced error
+	seen := 0
+	err := readEntriesWhile(slots, func(index *uint32, slot *xdp.NicSnatSlot) bool {
+		if slot.Key.Proto == 0 {
+			return true
+		}
+		port := uint32(xdp.NetToPort(slot.Key.Dport))
+		if port < uint32(opts.SNATPortMin) || port > uint32(opts.SNATPortMax) || *index%width != port-uint32(opts.SNATPortMin) {
+			misplaced = fmt.Errorf("SNAT slot %d holds port %d, which ports %d-%d put elsewhere",
+				*index, port, opts.SNATPortMin, opts.SNATPortMax)
+			return false
+		}
+		seen++
+		return seen < enough
+	})
+	if err != nil {
+		return nil
+	}
+	return misplaced
+}
 
 // pinnedSNATLayout says why the pinned SNAT slots are laid out otherwise
 // than opts lays them out, by the pinned datapath configuration (the
@@ -545,6 +579,14 @@ func copyRecentFirst[K any, V any](lastSeen func(*V) uint64) migration {
 // readEntries calls fn for every entry of m: copyBatch at a time, or one
 // at a time on a kernel (or map type) without batch lookups.
 func readEntries[K, V any](m *ebpf.Map, fn func(*K, *V)) error {
+	return readEntriesWhile(m, func(k *K, v *V) bool {
+		fn(k, v)
+		return true
+	})
+}
+
+// readEntriesWhile is readEntries until fn returns false.
+func readEntriesWhile[K, V any](m *ebpf.Map, fn func(*K, *V) bool) error {
 	keys := make([]K, copyBatch)
 	values := make([]V, copyBatch)
 	var cursor ebpf.MapBatchCursor
@@ -553,12 +595,16 @@ func readEntries[K, V any](m *ebpf.Map, fn func(*K, *V)) error {
 		if err != nil && first && n == 0 && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			iter := m.Iterate()
 			for iter.Next(&keys[0], &values[0]) {
-				fn(&keys[0], &values[0])
+				if !fn(&keys[0], &values[0]) {
+					return nil
+				}
 			}
 			return iter.Err()
 		}
 		for i := range n {
-			fn(&keys[i], &values[i])
+			if !fn(&keys[i], &values[i]) {
+				return nil
+			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil
