@@ -178,7 +178,6 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 		defer hints.Close()
 	}
 	migrate := migrations(opts, hints)
-	slotsLayout := pinnedSNATLayout(dir, opts)
 	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
 		ms := spec.Maps[name]
 		if ms.Pinning != ebpf.PinByName || name == snatBucketHints {
@@ -197,14 +196,8 @@ func adoptPinnedMaps(spec *ebpf.CollectionSpec, dir string, opts Options, log *s
 			incompatible = errSlotsUnhinted
 		}
 		if incompatible == nil && name == "snat_slots" {
-			// Of the same size, but laid out for another range: by the
-			// pinned configuration, or by the slots themselves (an agent
-			// killed between writing a new range into the configuration
-			// and the commit left them as they were).
-			incompatible = slotsLayout
-			if incompatible == nil {
-				incompatible = misplacedSNATSlot(old, opts)
-			}
+			// Of the same size, but laid out for another range.
+			incompatible = misplacedSNATSlot(old, opts)
 		}
 		if incompatible == nil {
 			old.Close()
@@ -243,8 +236,14 @@ const snatBucketHints = "snat_bucket_hints"
 
 // misplacedSNATSlot says where a claimed slot among the first few of
 // slots is not where opts's layout puts its port (the slot of port p in
-// bucket b is b * range + p - min), or is nil. A layout change misplaces
-// nearly every slot, so a few tell. Unreadable slots count as placed.
+// bucket b is b * range + p - min), or is nil. A range shifted, or wider
+// with fewer buckets, can keep the map's size, and slots left where the
+// earlier layout put them would answer no reply. The slots themselves
+// tell, not the pinned configuration: a load writes the new range there
+// before its commit, and an agent killed in between leaves the slots as
+// they were. A layout change misplaces nearly every slot, so a few
+// suffice (an empty map of a million slots is read in ~0.1 s).
+// Unreadable slots count as placed.
 func misplacedSNATSlot(slots *ebpf.Map, opts Options) error {
 	const enough = 64
 	width := uint32(opts.SNATPortMax) - uint32(opts.SNATPortMin) + 1
@@ -267,31 +266,6 @@ func misplacedSNATSlot(slots *ebpf.Map, opts Options) error {
 		return nil
 	}
 	return misplaced
-}
-
-// pinnedSNATLayout says why the pinned SNAT slots are laid out otherwise
-// than opts lays them out, by the pinned datapath configuration (the
-// running datapath's), or is nil. A slot's index depends on the range's
-// start and width and on the bucket count: a range shifted, or one wider
-// with fewer buckets, can keep the map's size, and slots left where the
-// earlier layout put them would answer no reply. Without a readable
-// pinned configuration (none yet) it is nil.
-func pinnedSNATLayout(dir string, opts Options) error {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "config"), &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil {
-		return nil
-	}
-	defer m.Close()
-	var cfg xdp.NicDatapathConfig
-	if err := m.Lookup(uint32(0), &cfg); err != nil {
-		return nil
-	}
-	if cfg.SnatPortMin == opts.SNATPortMin && cfg.SnatPortMax == opts.SNATPortMax &&
-		cfg.SnatBuckets == opts.SNATBuckets() {
-		return nil
-	}
-	return fmt.Errorf("SNAT slots laid out for ports %d-%d in %d buckets, now %d-%d in %d",
-		cfg.SnatPortMin, cfg.SnatPortMax, cfg.SnatBuckets, opts.SNATPortMin, opts.SNATPortMax, opts.SNATBuckets())
 }
 
 // openSNATBucketHints opens the pinned snat_bucket_hints map, or creates an

@@ -959,8 +959,7 @@ func TestReplyDoesNotReviveAnExpiredFlow(t *testing.T) {
 	in := udpFrame(clientAddr, 3333, nodeAddr, 30053, "q")
 	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
 	time.Sleep(50 * time.Millisecond)
-	key := dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
-		Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: packet.UDP}
+	key := flowKeyOf(in)
 	flow, ok, err := f.maps.Flow(key)
 	if err != nil || !ok {
 		t.Fatalf("flow not tracked: %v", err)
@@ -1165,6 +1164,12 @@ func TestBackendsFINOrRSTClosesTheFlow(t *testing.T) {
 	}
 }
 
+// flowKeyOf is the key of the flow a client's frame belongs to.
+func flowKeyOf(in packet.Frame) dataplane.FlowKey {
+	return dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
+		Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: in.Proto}
+}
+
 // ctKeyOf is a flow's conntrack key.
 func ctKeyOf(k dataplane.FlowKey) xdp.NicCtKey {
 	return xdp.NicCtKey{Saddr: xdp.AddrToNet(k.Client.Addr()), Daddr: xdp.AddrToNet(k.Frontend.Addr()),
@@ -1174,7 +1179,13 @@ func ctKeyOf(k dataplane.FlowKey) xdp.NicCtKey {
 // ageReverse does the same for a flow's reverse half.
 func (f *fixture) ageReverse(flow dataplane.Flow) {
 	f.t.Helper()
-	found, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { e.LastSeenNs -= uint64(2 * time.Second) })
+	f.ageReverseBy(flow, 2*time.Second)
+}
+
+// ageReverseBy dates a flow's reverse half back by d.
+func (f *fixture) ageReverseBy(flow dataplane.Flow, d time.Duration) {
+	f.t.Helper()
+	found, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { e.LastSeenNs -= uint64(d) })
 	if err != nil || !found {
 		f.t.Fatalf("age reverse half of %+v: found %v, %v", flow, found, err)
 	}
@@ -1629,8 +1640,7 @@ func TestEntriesStampedAfterTheClockWasReadAreLive(t *testing.T) {
 		f.program(udpService())
 		in := udpFrame(clientAddr, 3333, nodeAddr, 30053, "q")
 		f.run(in.Bytes(), f.nic0)
-		raw := ctKeyOf(dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
-			Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: packet.UDP})
+		raw := ctKeyOf(flowKeyOf(in))
 		var e xdp.NicCtEntry
 		if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
 			t.Fatal(err)
@@ -1681,8 +1691,7 @@ func TestReplyDoesNotReviveAnEvictedExpiredFlow(t *testing.T) {
 	f.setTimeouts(time.Hour, time.Minute, 20*time.Millisecond)
 	in := udpFrame(clientAddr, 3334, nodeAddr, 30053, "q")
 	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
-	key := dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
-		Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: packet.UDP}
+	key := flowKeyOf(in)
 	flow, ok, err := f.maps.Flow(key)
 	if err != nil || !ok {
 		t.Fatalf("flow not tracked: %v", err)
@@ -1770,17 +1779,13 @@ func TestRareRepliesOfALiveFlowGetThrough(t *testing.T) {
 	f.setTimeouts(time.Hour, time.Minute, 10*time.Second)
 	in := udpFrame(clientAddr, 3335, nodeAddr, 30053, "stream")
 	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
-	key := dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
-		Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: packet.UDP}
+	key := flowKeyOf(in)
 	flow, ok := f.flow(key)
 	if !ok {
 		t.Fatal("flow not tracked")
 	}
 	// No reply for 20 s, past the timeout; the client kept sending.
-	found, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { e.LastSeenNs -= uint64(20 * time.Second) })
-	if err != nil || !found {
-		t.Fatalf("age the reverse half: %v, %v", found, err)
-	}
+	f.ageReverseBy(flow, 20*time.Second)
 	f.ageFlow(key) // its once-a-second check is due
 	f.expectCounters(map[string]uint64{"redirect": 1}, func() { f.run(in.Bytes(), f.nic0) })
 	// Evicted, then a reply.

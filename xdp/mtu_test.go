@@ -126,11 +126,8 @@ func TestTooBigPacketsTellTheSenderTheMTU(t *testing.T) {
 			f.expectCounters(tc.counters, func() { r = f.run(in.Bytes(), ifindex) })
 			f.expectVerdict(r, tc.verdict)
 			if tc.natAddr.IsValid() {
-				key := dataplane.FlowKey{Client: netip.AddrPortFrom(in.Src, in.SrcPort),
-					Frontend: netip.AddrPortFrom(in.Dst, in.DstPort), Proto: in.Proto}
-				flow, ok, err := f.maps.Flow(key)
-				if err != nil || !ok || flow.NAT.Addr() != tc.natAddr {
-					t.Errorf("flow tracked %v (%v) with SNAT address %s, want %s", ok, err, flow.NAT.Addr(), tc.natAddr)
+				if flow, ok := f.flow(flowKeyOf(in)); !ok || flow.NAT.Addr() != tc.natAddr {
+					t.Errorf("flow tracked %v with SNAT address %s, want %s", ok, flow.NAT.Addr(), tc.natAddr)
 				}
 			}
 			if !tc.from.IsValid() {

@@ -1,6 +1,6 @@
 // Package metrics exposes the agent on Prometheus: sync and programming
-// latencies, pending changes, Maglev rebuilds, map occupancy and memory, and the
-// datapath's own counters read from BPF at scrape time.
+// latencies, pending changes, Maglev rebuilds, map occupancy and memory,
+// and the datapath's own counters read from BPF at scrape time.
 package metrics
 
 import (

@@ -200,8 +200,8 @@ func (c *computer) parseSlice(s *discoveryv1.EndpointSlice) *slice {
 // port of the Service, of the same protocol and the Service port's target
 // port number, is the renamed port, as the controller is about to write
 // it (only while the Service has a selector: without one the controller
-// never rewrites its slices). Without that, the renamed port would have no endpoints for a sync
-// or two and its backends' flows would end.
+// never rewrites its slices). Without that, the renamed port would have
+// no endpoints for a sync or two and its backends' flows would end.
 func (s *slice) port(p servicePort) (uint16, bool) {
 	for _, q := range s.ports {
 		if q.name == p.name && q.proto == p.proto {

@@ -428,10 +428,11 @@ static __always_inline int evicted_flow_alive(const struct nat_key *key,
  * Check, once a second and on FIN or RST, that a reverse entry's forward
  * half is still there (rebuilding it if evicted) and still this flow, and
  * that the flow is not over. A flow is not rebuilt when its backend was
- * removed, when it was idle past its timeout (by its last reply, when the
- * forward half is gone), or when the agent ended it (its backend left the
- * port): a late reply does not bring it back. Returns 0 to translate the reply, -1 when the reverse
- * entry is stale (deleted; drop the reply).
+ * removed, when it was idle past its timeout (by its reverse half's date,
+ * when the forward half is gone: evicted_flow_alive), or when the agent
+ * ended it (its backend left the port): a late reply does not bring it
+ * back. Returns 0 to translate the reply, -1 when the reverse entry is
+ * stale (deleted; drop the reply).
  */
 static __always_inline int reverse_touch(const struct nat_key *key, struct nat_entry *rev,
 					 const struct packet *pkt, __u64 now)

@@ -171,9 +171,9 @@ static __always_inline int new_flow_route_fits(const struct new_flow_route *rout
  * fresh->backend_addr), as if it had arrived on ifindex: fresh->hop gets
  * the next hop, or stays empty when there is none to cache (the hook then
  * routes the packet itself and handles what the lookup said). fib is
- * scratch space for the lookups. Returns the egress device, as far as known (the
- * FIB lookup names it even when the neighbour is not resolved yet), for
- * the SNAT source address.
+ * scratch space for the lookups. Returns the egress device, as far as
+ * known (the FIB lookup names it even when the neighbour is not resolved
+ * yet), for the SNAT source address.
  *
  * A function of its own (not inlined): the verifier then checks its
  * branches once per call, not once for every path through what follows.
