@@ -29,7 +29,8 @@ type Maps struct {
 	Backends         *ebpf.Map
 	MaglevTables     *ebpf.Map
 	SourceRanges     *ebpf.Map
-	Conntrack        *ebpf.Map
+	Conntrack        *ebpf.Map // confirmed flows
+	CtUnconfirmed    *ebpf.Map // flows not confirmed yet; nil in pins of an earlier version
 	NAT              *ebpf.Map
 	SNATSlots        *ebpf.Map
 	SNATBucketHints  *ebpf.Map
@@ -48,7 +49,7 @@ const newFlowRoutes = "new_flow_routes"
 
 // optionalMaps are maps OpenPinned may find missing: a datapath pinned by
 // an earlier version, before they existed, is still inspected.
-var optionalMaps = map[string]bool{"route_reuse": true}
+var optionalMaps = map[string]bool{"route_reuse": true, "ct_unconfirmed": true}
 
 // byName maps the C names of the maps to their handles.
 func (m *Maps) byName() map[string]**ebpf.Map {
@@ -64,6 +65,7 @@ func (m *Maps) byName() map[string]**ebpf.Map {
 		"maglev_tables":      &m.MaglevTables,
 		"source_ranges":      &m.SourceRanges,
 		"conntrack":          &m.Conntrack,
+		"ct_unconfirmed":     &m.CtUnconfirmed,
 		"nat":                &m.NAT,
 		"snat_slots":         &m.SNATSlots,
 		"snat_bucket_hints":  &m.SNATBucketHints,
@@ -372,6 +374,7 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) error {
 		"maglev_tables":      2 * opts.ServicesMax, // a cluster-wide and a node-local table per service port
 		"source_ranges":      opts.SourceRangesMax,
 		"conntrack":          opts.ConntrackMax,
+		"ct_unconfirmed":     opts.UnconfirmedFlows(),
 		"nat":                opts.NATMax,
 		"snat_slots":         opts.SNATSlots(),
 		"snat_bucket_hands":  opts.SNATBuckets(),

@@ -188,6 +188,52 @@ func TestOpenPinnedWithoutRouteReuse(t *testing.T) {
 	}
 }
 
+// A datapath pinned by a version without the table of unconfirmed flows:
+// the CLI opens it and lists its flows, and an agent of this version loads
+// over it, keeping the flows it pinned and adding the table.
+func TestPinsWithoutUnconfirmedFlowsAreAdopted(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts := smallOptions(root)
+	dp, err := loadertest.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
+	if err := dp.Maps.Conntrack.Put(flow, xdp.NicCtEntry{BackendId: 7}); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	if err := os.Remove(filepath.Join(loader.Dir(root), "maps", "ct_unconfirmed")); err != nil {
+		t.Fatal(err)
+	}
+
+	maps, err := loader.OpenPinned(root)
+	if err != nil {
+		t.Fatalf("open the pins of a datapath without ct_unconfirmed: %v", err)
+	}
+	if maps.CtUnconfirmed != nil {
+		t.Fatal("ct_unconfirmed opened, but it was not pinned")
+	}
+	n, err := dataplane.New(maps).FlowEntries()
+	maps.Close()
+	if err != nil || n != 1 {
+		t.Fatalf("FlowEntries = %d, %v; want the one pinned flow", n, err)
+	}
+
+	again, err := loadertest.Load(opts, nil)
+	if err != nil {
+		t.Fatalf("load over pins without ct_unconfirmed: %v", err)
+	}
+	defer again.Close()
+	var e xdp.NicCtEntry
+	if err := again.Maps.Conntrack.Lookup(flow, &e); err != nil || e.BackendId != 7 {
+		t.Fatalf("the pinned flow after the load: %+v, %v", e, err)
+	}
+	if again.Maps.CtUnconfirmed == nil || again.Maps.CtUnconfirmed.MaxEntries() != opts.UnconfirmedFlows() {
+		t.Fatalf("ct_unconfirmed after the load: %v", again.Maps.CtUnconfirmed)
+	}
+}
+
 // A new SNAT range moves the claimed SNAT slots to where the new layout
 // puts them, so replies of live SNAT flows keep finding their flow.
 func TestResizeMovesSNATSlots(t *testing.T) {

@@ -23,7 +23,10 @@ type Options struct {
 	// PinRoot is a directory on bpffs (mounted there if it is not one yet).
 	PinRoot string
 
-	ConntrackMax    uint32 // tracked flows
+	ConntrackMax uint32 // tracked flows, confirmed
+	// UnconfirmedMax is how many flows may wait for confirmation (see
+	// ct_unconfirmed in xdp/include/maps.h); 0: UnconfirmedFlows's default.
+	UnconfirmedMax  uint32
 	NATMax          uint32 // reverse NAT entries: one per tracked flow (see SNATSlots)
 	AffinityMax     uint32 // ClientIP affinity entries
 	ServicesMax     uint32 // service ports (ids, counters, Maglev tables)
@@ -125,6 +128,16 @@ func DefaultOptions() Options {
 func (o Options) SNATBuckets() uint32 {
 	r := uint64(o.snatRange())
 	return uint32(max(1, (2*uint64(o.NATMax)+r-1)/r))
+}
+
+// UnconfirmedFlows is the size of the table of flows not confirmed yet:
+// UnconfirmedMax, or by default a quarter of ConntrackMax (at least 1024).
+// New flows, spoofed or not, only ever displace each other there.
+func (o Options) UnconfirmedFlows() uint32 {
+	if o.UnconfirmedMax != 0 {
+		return o.UnconfirmedMax
+	}
+	return max(o.ConntrackMax/4, 1024)
 }
 
 // SNATSlots is the size of the SNAT slot array.

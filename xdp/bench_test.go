@@ -291,15 +291,16 @@ func BenchmarkDatapath(b *testing.B) {
 	f.program(web)
 	nic := f.dp.XDPProgram()
 
-	// Fill conntrack to capacity first, so new flows evict.
+	// Fill conntrack and the table of unconfirmed flows to capacity
+	// first, so new flows evict.
 	fillConntrack(b, f, 65536)
 
 	nonService := tcpFrame(clientAddr, 1234, nodeAddr, 22, packet.ACK, "").Bytes()
-	est := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.ACK, "")
-	est.SrcPort = 33000
+	est := tcpFrame(clientAddr, 33000, nodeAddr, nodePort, packet.ACK, "")
 	estFrame := est.Bytes()
-	// Establish the flow and learn its SNAT port for the reply.
-	first := decode(b, f.run(estFrame, f.nic0).out)
+	// Establish the flow (its handshake confirms it) and learn its SNAT
+	// port for the reply.
+	first := f.establish(b, est)
 	reply := packet.Frame{SrcMAC: gwMAC, Src: first.Dst, Dst: first.Src, Proto: packet.TCP,
 		SrcPort: first.DstPort, DstPort: first.SrcPort, Flags: packet.ACK}.Bytes()
 	newFlow := tcpFrame(netip.MustParseAddr("198.18.0.1"), 40000, nodeAddr, nodePort, packet.SYN, "").Bytes()
@@ -322,14 +323,14 @@ func BenchmarkDatapath(b *testing.B) {
 		oneNIC.table[i] += 100
 	}
 	f.program(oneNIC)
-	estTX := tcpFrame(clientAddr, 33001, nodeAddr, nodePort+1, packet.ACK, "").Bytes()
-	f.run(estTX, f.nic0)
+	estTX := tcpFrame(clientAddr, 33001, nodeAddr, nodePort+1, packet.ACK, "")
+	f.establish(b, estTX)
 
 	e.run(b, results, "baseline_pass", e.baselines["baseline_pass"], "", nil)
 	e.run(b, results, "baseline_macswap", e.baselines["baseline_macswap"], "", nil)
 	e.run(b, results, "non_service", benchRun{prog: nic, frame: nonService}, "baseline_pass", expect("pass_not_service"))
 	e.run(b, results, "established_snat", e.restoring(b, nic, estFrame, false), "baseline_macswap", expect("redirect"))
-	e.run(b, results, "established_snat_tx", e.restoring(b, nic, estTX, false), "baseline_macswap", expect("tx"))
+	e.run(b, results, "established_snat_tx", e.restoring(b, nic, estTX.Bytes(), false), "baseline_macswap", expect("tx"))
 	e.run(b, results, "reply_reverse_nat", e.restoring(b, nic, reply, false), "baseline_macswap", expect("reverse_nat"))
 	e.run(b, results, "new_flow_ct_full", e.restoring(b, nic, newFlow, true), "baseline_macswap", expect("new_flow"))
 	// The floor: one insert into a full LRU map shaped like conntrack.
@@ -356,9 +357,9 @@ func BenchmarkDatapathScale(b *testing.B) {
 	f := e.f
 	f.program(benchService(100))
 	nic := f.dp.XDPProgram()
-	est := tcpFrame(clientAddr, 33000, nodeAddr, nodePort, packet.ACK, "").Bytes()
-	f.run(est, f.nic0)
-	restore := e.restoring(b, nic, est, false)
+	est := tcpFrame(clientAddr, 33000, nodeAddr, nodePort, packet.ACK, "")
+	f.establish(b, est)
+	restore := e.restoring(b, nic, est.Bytes(), false)
 
 	e.run(b, results, "established/frontends=1/conntrack=1", restore, "", expect("redirect"))
 	addFrontends(b, f, 100000)
@@ -406,11 +407,44 @@ func addFrontends(b *testing.B, f *fixture, n int) {
 	}
 }
 
-// fillConntrack inserts n idle flows from 100.64.0.0/10 clients.
+// establish opens the TCP flow of ack (an ACK of its client's) with a
+// whole handshake, so it is confirmed, and returns the SYN as sent on.
+func (f *fixture) establish(b *testing.B, ack packet.Frame) packet.Frame {
+	b.Helper()
+	syn := ack
+	syn.Flags = packet.SYN
+	r := f.run(syn.Bytes(), f.nic0)
+	if r.verdict != xdpRedirect && r.verdict != xdpTX {
+		b.Fatalf("SYN of %v: verdict %s", flowKeyOf(syn).Client, verdictName(r.verdict))
+	}
+	sent := decode(b, r.out)
+	f.run(replyTo(sent, packet.SYN|packet.ACK).Bytes(), f.nic1)
+	f.run(ack.Bytes(), f.nic0)
+	if fl, ok := f.flow(flowKeyOf(ack)); !ok || fl.Unconfirmed {
+		b.Fatalf("flow of %v not confirmed by its handshake", flowKeyOf(ack).Client)
+	}
+	return sent
+}
+
+// fillConntrack inserts n idle flows from 100.64.0.0/10 clients, and as
+// many unconfirmed ones as their table holds.
 func fillConntrack(b *testing.B, f *fixture, n int) {
+	b.Helper()
+	fillFlows(b, f.dp.Maps.Conntrack, n, 0)
+	unconfirmed := f.dp.Maps.CtUnconfirmed
+	fillFlows(b, unconfirmed, int(unconfirmed.MaxEntries()), uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED))
+}
+
+// fillFlows inserts n idle flows into a table of flows (conntrack or
+// ct_unconfirmed), with flags; the unconfirmed ones from other ports.
+func fillFlows(b *testing.B, table *ebpf.Map, n int, flags uint8) {
 	b.Helper()
 	const batch = 8192
 	now := uint64(dataplane.Now())
+	port := nodePort
+	if flags != 0 {
+		port = nodePort + 2
+	}
 	for start := 0; start < n; start += batch {
 		m := min(batch, n-start)
 		keys := make([]xdp.NicCtKey, m)
@@ -419,13 +453,13 @@ func fillConntrack(b *testing.B, f *fixture, n int) {
 			c := uint32(start + i)
 			keys[i] = xdp.NicCtKey{
 				Saddr: xdp.AddrToNet(netip.AddrFrom4([4]byte{100, byte(64 + c>>24&0x3f), byte(c >> 16), byte(c >> 8)})),
-				Daddr: xdp.AddrToNet(nodeAddr), Sport: xdp.PortToNet(uint16(c)), Dport: xdp.PortToNet(nodePort), Proto: packet.TCP,
+				Daddr: xdp.AddrToNet(nodeAddr), Sport: xdp.PortToNet(uint16(c)), Dport: xdp.PortToNet(uint16(port)), Proto: packet.TCP,
 			}
 			vals[i] = xdp.NicCtEntry{CreatedNs: now, LastSeenNs: now, BackendId: 100, SvcId: 1,
-				BackendAddr: xdp.AddrToNet(remotePod1), BackendPort: xdp.PortToNet(podPort)}
+				BackendAddr: xdp.AddrToNet(remotePod1), BackendPort: xdp.PortToNet(podPort), Flags: flags}
 		}
-		if _, err := f.dp.Maps.Conntrack.BatchUpdate(keys, vals, nil); err != nil {
-			b.Fatalf("fill conntrack: %v", err)
+		if _, err := table.BatchUpdate(keys, vals, nil); err != nil {
+			b.Fatalf("fill flows: %v", err)
 		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/control/reconcile"
 	"github.com/xdplb/xdplb/tests/packet"
@@ -183,9 +185,9 @@ func TestTCPPortReuseAfterCloseStartsNewFlow(t *testing.T) {
 	f.program(web)
 	in := tcpFrame(clientAddr, 4444, lbIP, lbPort, packet.SYN, "")
 	f.run(in.Bytes(), f.nic0)
-	fin := in
-	fin.Flags = packet.FIN | packet.ACK
-	f.run(fin.Bytes(), f.nic0)
+	rst := in
+	rst.Flags = packet.RST // closed (a FIN one way only is a half-close)
+	f.run(rst.Bytes(), f.nic0)
 	f.expectCounters(map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}, func() {
 		f.run(in.Bytes(), f.nic0)
 	})
@@ -266,7 +268,7 @@ func TestICMPFragNeededIsTranslatedToClient(t *testing.T) {
 	f := newFixture(t)
 	web := webService()
 	f.program(web)
-	in := tcpFrame(farClient, 0, lbIP, lbPort, packet.ACK, "data")
+	in := tcpFrame(farClient, 0, lbIP, lbPort, packet.SYN, "data")
 	in.SrcPort = findClientPort(t, web, in, 1)
 	sent := decode(t, f.run(in.Bytes(), f.nic0).out)
 
@@ -398,13 +400,18 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 		f.expectVerdict(f.run(syn(6003).Bytes(), f.nic0), xdpDrop)
 	})
 
-	// The first flow's conntrack entry is evicted: its port is free for
-	// the next flow, whose replies then reach it.
+	// The first flow's (unconfirmed) entry is evicted: its port stays
+	// with it while the flow may live, by its reverse half's date. Past
+	// the flow's timeout the port is free for the next flow, whose replies
+	// then reach it.
 	first, _ := f.flow(key(6001))
-	if err := f.dp.Maps.Conntrack.Delete(xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
-		Sport: xdp.PortToNet(6001), Dport: xdp.PortToNet(30100), Proto: packet.TCP}); err != nil {
+	if err := f.dp.Maps.CtUnconfirmed.Delete(ctKeyOf(key(6001))); err != nil {
 		t.Fatal(err)
 	}
+	f.expectCounters(map[string]uint64{"drop_nat_exhausted": 1}, func() {
+		f.expectVerdict(f.run(syn(6003).Bytes(), f.nic0), xdpDrop)
+	})
+	f.ageReverseBy(first, 2*time.Minute) // past the transient timeout
 	r := f.run(syn(6003).Bytes(), f.nic0)
 	f.expectVerdict(r, xdpRedirect)
 	if got := decode(t, r.out).SrcPort; got != portOf[6001] {
@@ -422,16 +429,7 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 
 	// The second flow expires (idle past the opening timeout): its port
 	// goes to the next flow too.
-	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
-		Sport: xdp.PortToNet(6002), Dport: xdp.PortToNet(30100), Proto: packet.TCP}
-	var e xdp.NicCtEntry
-	if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
-		t.Fatal(err)
-	}
-	e.LastSeenNs -= uint64(2 * time.Hour)
-	if err := f.dp.Maps.Conntrack.Put(raw, e); err != nil {
-		t.Fatal(err)
-	}
+	f.ageFlowBy(key(6002), 2*time.Hour)
 	r = f.run(syn(6004).Bytes(), f.nic0)
 	f.expectVerdict(r, xdpRedirect)
 	if got := decode(t, r.out).SrcPort; got != portOf[6002] {
@@ -481,16 +479,8 @@ func TestReusedTupleKeepsItsReverseHalf(t *testing.T) {
 	r := f.run(syn, f.nic0)
 	f.expectVerdict(r, xdpRedirect)
 
-	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
-		Sport: xdp.PortToNet(6001), Dport: xdp.PortToNet(30100), Proto: packet.TCP}
-	var e xdp.NicCtEntry
-	if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
-		t.Fatal(err)
-	}
-	e.LastSeenNs -= uint64(2 * time.Hour) // past the opening timeout
-	if err := f.dp.Maps.Conntrack.Put(raw, e); err != nil {
-		t.Fatal(err)
-	}
+	f.ageFlowBy(dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 6001),
+		Frontend: netip.AddrPortFrom(nodeAddr, 30100), Proto: packet.TCP}, 2*time.Hour) // past the opening timeout
 
 	r = f.run(syn, f.nic0)
 	f.expectVerdict(r, xdpRedirect)
@@ -900,8 +890,8 @@ func departFromWeb(t *testing.T, f *fixture, flow dataplane.Flow) {
 // A backend that leaves a port but stays in another Service keeps its id
 // and its backends entry: the agent ends the port's flows to it
 // (reconcile.PurgeFlows). A late reply from it finds the flow's SNAT slot
-// and must not bring the flow back; the client's next packet starts a new
-// flow of the port, which no longer leads to that backend.
+// and must not bring the flow back; the client's next packet (mid-
+// connection) is answered with a RST: its connection cannot go on.
 func TestDepartedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	f := newFixture(t)
 	in, sent, flow := startSNATFlow(t, f)
@@ -916,12 +906,16 @@ func TestDepartedFlowIsNotRebuiltByALateReply(t *testing.T) {
 	}
 	ack := in
 	ack.Flags = packet.ACK
+	f.expectCounters(map[string]uint64{"ct_expired": 1, "rst_backend_gone": 1}, func() {
+		f.expectVerdict(f.run(ack.Bytes(), f.nic0), xdpTX) // a RST to the client
+	})
+	// A new connection goes to a backend the port still has.
 	var r result
-	f.expectCounters(map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}, func() {
-		r = f.run(ack.Bytes(), f.nic0)
+	f.expectCounters(map[string]uint64{"new_flow": 1, "redirect": 1}, func() {
+		r = f.run(in.Bytes(), f.nic0)
 	})
 	if out := decode(t, r.out); out.Dst == remotePod1 {
-		t.Errorf("the client's next packet went to the departed backend %s", out.Dst)
+		t.Errorf("the client's new connection went to the departed backend %s", out.Dst)
 	}
 }
 
@@ -940,13 +934,9 @@ func TestEndedFlowStaysOverUnderLongerTimeouts(t *testing.T) {
 		t.Fatalf("the departed flow's entry is not ended in place: %+v (tracked %v)", fl, ok)
 	}
 	f.setTimeouts(168*time.Hour, time.Hour, time.Hour) // the longest the flags allow
-	var r result
-	f.expectCounters(map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}, func() {
-		r = f.run(ack.Bytes(), f.nic0)
+	f.expectCounters(map[string]uint64{"ct_expired": 1, "rst_backend_gone": 1}, func() {
+		f.expectVerdict(f.run(ack.Bytes(), f.nic0), xdpTX) // a RST to the client
 	})
-	if out := decode(t, r.out); out.Dst == remotePod1 {
-		t.Errorf("the ended flow came back under longer timeouts: the client's packet went to %s", out.Dst)
-	}
 }
 
 // Timeouts hold on the reply path too: a reply to a flow idle past its
@@ -1074,15 +1064,25 @@ func TestReplyToSameDeviceUsesTX(t *testing.T) {
 // ageFlow makes a flow's once-a-second checks due on its next packet.
 func (f *fixture) ageFlow(k dataplane.FlowKey) {
 	f.t.Helper()
+	f.ageFlowBy(k, 2*time.Second)
+}
+
+// ageFlowBy dates a flow's entry back by d, in the table that holds it.
+func (f *fixture) ageFlowBy(k dataplane.FlowKey, d time.Duration) {
+	f.t.Helper()
 	raw := ctKeyOf(k)
-	var e xdp.NicCtEntry
-	if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
-		f.t.Fatalf("age flow: %v", err)
+	for _, table := range []*ebpf.Map{f.dp.Maps.Conntrack, f.dp.Maps.CtUnconfirmed} {
+		var e xdp.NicCtEntry
+		if err := table.Lookup(raw, &e); err != nil {
+			continue
+		}
+		e.LastSeenNs -= uint64(d)
+		if err := table.Put(raw, e); err != nil {
+			f.t.Fatal(err)
+		}
+		return
 	}
-	e.LastSeenNs -= uint64(2 * time.Second)
-	if err := f.dp.Maps.Conntrack.Put(raw, e); err != nil {
-		f.t.Fatal(err)
-	}
+	f.t.Fatalf("age flow %v -> %v: not tracked", k.Client, k.Frontend)
 }
 
 // oneRemoteBackend is a NodePort (30100) whose only backend is remote:
@@ -1098,8 +1098,9 @@ func oneRemoteBackend() service {
 }
 
 // startSNATFlow programs the web service and starts a flow from the client
-// to its NodePort that Maglev sends to the remote backend 1: the client's
-// SYN, the SNATed frame that left, and the tracked flow.
+// to its NodePort that Maglev sends to the remote backend 1, through the
+// whole handshake (so it is confirmed): the client's SYN, the SNATed
+// frame that left, and the tracked flow.
 func startSNATFlow(t *testing.T, f *fixture) (in, sent packet.Frame, flow dataplane.Flow) {
 	t.Helper()
 	web := webService()
@@ -1107,6 +1108,7 @@ func startSNATFlow(t *testing.T, f *fixture) (in, sent packet.Frame, flow datapl
 	in = tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, "")
 	in.SrcPort = findClientPort(t, web, in, 1)
 	sent = decode(t, f.run(in.Bytes(), f.nic0).out)
+	f.handshake(in, sent)
 	key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort), Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
 	flow, ok, err := f.maps.Flow(key)
 	if err != nil || !ok {
@@ -1141,24 +1143,27 @@ func TestBackendsFINOrRSTClosesTheFlow(t *testing.T) {
 
 			key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort),
 				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
-			var e xdp.NicCtEntry
-			if err := f.dp.Maps.Conntrack.Lookup(ctKeyOf(key), &e); err != nil {
-				t.Fatal(err)
-			}
+			e := f.mustFlow(key)
 			const closing = xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN | xdp.NicCtTcpStateCT_TCP_RST
-			if got := xdp.NicCtTcpState(e.TcpState) & closing; got != tc.state {
+			if got := xdp.NicCtTcpState(e.TCPState) & closing; got != tc.state {
 				t.Errorf("state bits %#x after the reply, want %#x", got, tc.state)
 			}
 			f.setTimeouts(time.Hour, 20*time.Millisecond, time.Hour)
 			time.Sleep(50 * time.Millisecond)
-			// Past the transient timeout, a closed flow's next packet
-			// starts a new one; an open flow goes on.
-			want := map[string]uint64{"redirect": 1}
-			if tc.state != 0 {
-				want = map[string]uint64{"ct_expired": 1, "new_flow": 1, "redirect": 1}
+			// Past the transient timeout, a closed flow is over: a SYN
+			// starts a new one, a segment without SYN claims no port. An
+			// open flow goes on.
+			if tc.state == 0 {
+				f.expectCounters(map[string]uint64{"redirect": 1}, func() {
+					f.run(established.Bytes(), f.nic0)
+				})
+				return
 			}
-			f.expectCounters(want, func() {
+			f.expectCounters(map[string]uint64{"ct_expired": 1, "drop_no_flow": 1}, func() {
 				f.run(established.Bytes(), f.nic0)
+			})
+			f.expectCounters(map[string]uint64{"new_flow": 1, "redirect": 1}, func() {
+				f.run(in.Bytes(), f.nic0)
 			})
 		})
 	}
@@ -1353,10 +1358,12 @@ func TestBusyBackendsDoNotShareSNATBuckets(t *testing.T) {
 		t.Fatalf("%d SNAT buckets for %d backends", opts.SNATBuckets(), backends)
 	}
 
-	// Four times conntrack's worth of new flows: each backend keeps about
-	// 4096/5 = 819 of its 1000 ports busy.
+	// Conntrack's worth of new flows, three quarters of them evicted from
+	// the table of unconfirmed flows at once (their ports stay theirs
+	// until their timeout): each backend keeps about 4096/5 = 819 of its
+	// 1000 ports busy.
 	before := f.counters()
-	flows := 4 * int(opts.ConntrackMax)
+	flows := int(opts.ConntrackMax)
 	for i := range flows {
 		client := netip.AddrFrom4([4]byte{100, 64, byte(i >> 8), byte(i)})
 		f.run(tcpFrame(client, 40000, nodeAddr, nodePort, packet.SYN, "").Bytes(), f.nic0)
@@ -1436,12 +1443,19 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 		f.expectVerdict(f.run(otherPort.Bytes(), f.nic0), xdpPass)
 	})
 
-	// The first flow's conntrack entry is evicted: the tuple is free.
+	// The first flow's (unconfirmed) entry is evicted: the tuple stays
+	// its own while the flow may live, by its reverse half's date; past
+	// the flow's timeout the tuple is free.
 	first := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
 		Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
-	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(first)); err != nil {
+	firstFlow := f.mustFlow(first)
+	if err := f.dp.Maps.CtUnconfirmed.Delete(ctKeyOf(first)); err != nil {
 		t.Fatal(err)
 	}
+	f.expectCounters(map[string]uint64{"drop_reply_tuple_taken": 1}, func() {
+		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpDrop)
+	})
+	f.ageReverseBy(firstFlow, 2*time.Minute) // past the transient timeout
 	f.expectCounters(started, func() {
 		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpPass)
 	})
@@ -1463,8 +1477,7 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	f.ageFlow(second)
 	f.expectReset(midConnection, "rst_reply_tuple_taken")
 	repliesLeaveAs(netip.AddrPortFrom(nodeAddr, nodePort))
-	var gone xdp.NicCtEntry
-	if err := f.dp.Maps.Conntrack.Lookup(ctKeyOf(second), &gone); err == nil {
+	if gone, tracked := f.flow(second); tracked {
 		t.Errorf("the flow that lost its reply tuple is still tracked: %+v", gone)
 	}
 	// A RST from the client is never answered with one.
@@ -1640,15 +1653,7 @@ func TestEntriesStampedAfterTheClockWasReadAreLive(t *testing.T) {
 		f.program(udpService())
 		in := udpFrame(clientAddr, 3333, nodeAddr, 30053, "q")
 		f.run(in.Bytes(), f.nic0)
-		raw := ctKeyOf(flowKeyOf(in))
-		var e xdp.NicCtEntry
-		if err := f.dp.Maps.Conntrack.Lookup(raw, &e); err != nil {
-			t.Fatal(err)
-		}
-		e.LastSeenNs += ahead
-		if err := f.dp.Maps.Conntrack.Put(raw, e); err != nil {
-			t.Fatal(err)
-		}
+		f.ageFlowBy(flowKeyOf(in), -time.Duration(ahead))
 		f.expectCounters(map[string]uint64{"redirect": 1}, func() {
 			f.run(in.Bytes(), f.nic0)
 		})
@@ -1696,9 +1701,7 @@ func TestReplyDoesNotReviveAnEvictedExpiredFlow(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("flow not tracked: %v", err)
 	}
-	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(key)); err != nil {
-		t.Fatal(err)
-	}
+	f.evictFlow(key)
 	f.ageReverse(flow) // 2 s: past the 20 ms timeout
 	reply := udpFrame(sent.Dst, sent.DstPort, sent.Src, sent.SrcPort, "late")
 	f.expectCounters(map[string]uint64{"drop_stale_nat": 1}, func() {
@@ -1788,13 +1791,12 @@ func TestRareRepliesOfALiveFlowGetThrough(t *testing.T) {
 	f.ageReverseBy(flow, 20*time.Second)
 	f.ageFlow(key) // its once-a-second check is due
 	f.expectCounters(map[string]uint64{"redirect": 1}, func() { f.run(in.Bytes(), f.nic0) })
-	// Evicted, then a reply.
-	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(key)); err != nil {
-		t.Fatal(err)
-	}
+	// Evicted, then a reply: the flow's first answer, which rebuilds its
+	// forward half at once (an unconfirmed flow's replies are all checked).
+	f.evictFlow(key)
 	reply := udpFrame(sent.Dst, sent.DstPort, sent.Src, sent.SrcPort, "ack")
 	var r result
-	f.expectCounters(map[string]uint64{"reverse_nat": 1, "redirect": 1}, func() { r = f.run(reply.Bytes(), f.nic1) })
+	f.expectCounters(map[string]uint64{"reverse_nat": 1, "redirect": 1, "ct_repaired": 1}, func() { r = f.run(reply.Bytes(), f.nic1) })
 	if out := decode(t, r.out); out.Dst != clientAddr || out.DstPort != in.SrcPort {
 		t.Errorf("reply went to %s:%d, want the client %s:%d", out.Dst, out.DstPort, clientAddr, in.SrcPort)
 	}

@@ -58,6 +58,7 @@ func FuzzXDP(f *testing.F) {
 		before := fx.counters()
 		r := fx.run(frame, ifindex)
 		after := fx.counters()
+		expectUniqueReplyTuples(t, fx)
 		if r.verdict == xdpAborted || r.verdict > xdpRedirect {
 			t.Fatalf("verdict %d", r.verdict)
 		}

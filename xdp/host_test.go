@@ -98,7 +98,8 @@ func TestBackendAtANodeAddress(t *testing.T) {
 
 			// The tracked flow: the same way, without a new entry.
 			ack := tcpFrame(clientAddr, tc.clientPort, tc.frontend.Addr(), tc.frontend.Port(), packet.ACK, "GET /")
-			f.expectCounters(map[string]uint64{"pass_to_host": 1, "new_flow": 0}, func() {
+			// Its handshake done, the flow is confirmed.
+			f.expectCounters(map[string]uint64{"pass_to_host": 1, "new_flow": 0, "ct_confirmed": 1}, func() {
 				r = f.run(ack.Bytes(), f.nic0)
 			})
 			f.expectVerdict(r, xdpPass)
@@ -264,9 +265,7 @@ func TestBackendAtANodeAddress(t *testing.T) {
 		f.run(syn.Bytes(), f.nic0)
 		key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 7013),
 			Frontend: netip.AddrPortFrom(nodeAddr, 30202), Proto: packet.TCP}
-		if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(key)); err != nil { // the forward half only
-			t.Fatal(err)
-		}
+		f.evictFlow(key) // the forward half only
 		// The client now connects to the node address directly.
 		synAck := reply(syn, packet.SYN|packet.ACK, "")
 		f.expectCounters(map[string]uint64{"host_reply": 0}, func() {
@@ -360,10 +359,8 @@ func TestNodeICMPErrorsAboutTranslatedFlows(t *testing.T) {
 	// lingers): the client may now talk to the node's address directly.
 	deliveredEnded := ended
 	deliveredEnded.Dst, deliveredEnded.DstPort = hostDNS.Addr, hostDNS.Port
-	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 7102),
-		Frontend: netip.AddrPortFrom(lbIP, 53), Proto: packet.UDP})); err != nil {
-		t.Fatal(err)
-	}
+	f.evictFlow(dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 7102),
+		Frontend: netip.AddrPortFrom(lbIP, 53), Proto: packet.UDP})
 
 	for _, tc := range []struct {
 		name string

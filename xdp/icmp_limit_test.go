@@ -98,7 +98,7 @@ func TestICMPErrorsAreRateLimited(t *testing.T) {
 			// Path MTU discovery is never starved by a spent budget.
 			f.expectCounters(map[string]uint64{"new_flow": 1, "reject_too_big": 1}, func() {
 				f.onOneCPU(func() error {
-					in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.ACK, strings.Repeat("x", 1280))
+					in := tcpFrame(clientAddr, 0, nodeAddr, nodePort, packet.SYN, strings.Repeat("x", 1280))
 					in.SrcPort = findClientPort(t, webService(), in, 1)
 					r, err := runXDP(f.prog, in.Bytes(), f.nic0)
 					if err != nil {

@@ -131,9 +131,7 @@ func TestICMPErrorsAboutEvictedFlowsFollowTheirBackend(t *testing.T) {
 			in, sent := startRemoteFlow(t, f)
 			key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort),
 				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
-			if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(key)); err != nil {
-				t.Fatal(err)
-			}
+			f.evictFlow(key)
 			want, verdict := map[string]uint64{"icmp_translated": 1, "redirect": 1}, uint32(xdpRedirect)
 			if backendGone {
 				f.maps.DeleteBackend(1)

@@ -57,7 +57,7 @@ func TestTooBigPacketsTellTheSenderTheMTU(t *testing.T) {
 			name: "new flow",
 			link: "nic1",
 			packet: func(t *testing.T, f *fixture, _ packet.Frame) (packet.Frame, int) {
-				return clientFrame(t, packet.ACK, big), f.nic0
+				return clientFrame(t, packet.SYN, big), f.nic0
 			},
 			verdict: xdpTX, counters: map[string]uint64{"new_flow": 1, "reject_too_big": 1}, from: nodeAddr,
 			natAddr: nic1Addr,
@@ -350,7 +350,7 @@ func TestTooBigMeasuresTheRightThings(t *testing.T) {
 				f.program(s)
 			},
 			send: func(f *fixture) (uint32, []byte) {
-				r := f.run(tcpFrame(clientAddr, 41001, nodeAddr, nodePort, packet.ACK, big).Bytes(), f.nic0)
+				r := f.run(tcpFrame(clientAddr, 41001, nodeAddr, nodePort, packet.SYN, big).Bytes(), f.nic0)
 				return r.verdict, r.out
 			},
 			tooBig: true, newFlow: true, counter: "reject_too_big",

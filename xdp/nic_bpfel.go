@@ -85,11 +85,12 @@ type NicCtEntry struct {
 type NicCtFlags uint32
 
 const (
-	NicCtFlagsCT_F_SNAT     NicCtFlags = 1
-	NicCtFlagsCT_F_EXTERNAL NicCtFlags = 2
-	NicCtFlagsCT_F_AFFINITY NicCtFlags = 4
-	NicCtFlagsCT_F_HOST     NicCtFlags = 8
-	NicCtFlagsCT_F_ENDED    NicCtFlags = 16
+	NicCtFlagsCT_F_SNAT        NicCtFlags = 1
+	NicCtFlagsCT_F_EXTERNAL    NicCtFlags = 2
+	NicCtFlagsCT_F_AFFINITY    NicCtFlags = 4
+	NicCtFlagsCT_F_HOST        NicCtFlags = 8
+	NicCtFlagsCT_F_ENDED       NicCtFlags = 16
+	NicCtFlagsCT_F_UNCONFIRMED NicCtFlags = 32
 )
 
 type NicCtKey struct {
@@ -110,6 +111,7 @@ const (
 	NicCtTcpStateCT_TCP_FIN         NicCtTcpState = 4
 	NicCtTcpStateCT_TCP_RST         NicCtTcpState = 8
 	NicCtTcpStateCT_TCP_REPLY_FIN   NicCtTcpState = 16
+	NicCtTcpStateCT_TCP_REPLY       NicCtTcpState = 32
 )
 
 type NicDatapathConfig struct {
@@ -338,7 +340,10 @@ const (
 	NicStatSTAT_DROP_REPLY_TUPLE_TAKEN NicStat = 43
 	NicStatSTAT_RST_REPLY_TUPLE_TAKEN  NicStat = 44
 	NicStatSTAT_DROP_CLIENT_RST        NicStat = 45
-	NicStatSTAT_MAX                    NicStat = 46
+	NicStatSTAT_CT_CONFIRMED           NicStat = 46
+	NicStatSTAT_DROP_NO_FLOW           NicStat = 47
+	NicStatSTAT_DROP_TUPLE_TAKEN       NicStat = 48
+	NicStatSTAT_MAX                    NicStat = 49
 )
 
 type NicSvcCounter struct {
@@ -362,6 +367,7 @@ const (
 	NicMapBackends         = "backends"
 	NicMapConfig           = "config"
 	NicMapConntrack        = "conntrack"
+	NicMapCtUnconfirmed    = "ct_unconfirmed"
 	NicMapFlowScratch      = "flow_scratch"
 	NicMapFragments        = "fragments"
 	NicMapFrontendPorts    = "frontend_ports"
@@ -441,6 +447,7 @@ type NicMapSpecs struct {
 	Backends         *ebpf.MapSpec `ebpf:"backends"`
 	Config           *ebpf.MapSpec `ebpf:"config"`
 	Conntrack        *ebpf.MapSpec `ebpf:"conntrack"`
+	CtUnconfirmed    *ebpf.MapSpec `ebpf:"ct_unconfirmed"`
 	FlowScratch      *ebpf.MapSpec `ebpf:"flow_scratch"`
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
@@ -496,6 +503,7 @@ type NicMaps struct {
 	Backends         *ebpf.Map `ebpf:"backends"`
 	Config           *ebpf.Map `ebpf:"config"`
 	Conntrack        *ebpf.Map `ebpf:"conntrack"`
+	CtUnconfirmed    *ebpf.Map `ebpf:"ct_unconfirmed"`
 	FlowScratch      *ebpf.Map `ebpf:"flow_scratch"`
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
@@ -526,6 +534,7 @@ func (m *NicMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conntrack,
+		m.CtUnconfirmed,
 		m.FlowScratch,
 		m.Fragments,
 		m.FrontendPorts,

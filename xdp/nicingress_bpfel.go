@@ -21,6 +21,7 @@ const (
 	NicIngressMapBackends         = "backends"
 	NicIngressMapConfig           = "config"
 	NicIngressMapConntrack        = "conntrack"
+	NicIngressMapCtUnconfirmed    = "ct_unconfirmed"
 	NicIngressMapFlowScratch      = "flow_scratch"
 	NicIngressMapFragments        = "fragments"
 	NicIngressMapFrontendPorts    = "frontend_ports"
@@ -100,6 +101,7 @@ type NicIngressMapSpecs struct {
 	Backends         *ebpf.MapSpec `ebpf:"backends"`
 	Config           *ebpf.MapSpec `ebpf:"config"`
 	Conntrack        *ebpf.MapSpec `ebpf:"conntrack"`
+	CtUnconfirmed    *ebpf.MapSpec `ebpf:"ct_unconfirmed"`
 	FlowScratch      *ebpf.MapSpec `ebpf:"flow_scratch"`
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
@@ -155,6 +157,7 @@ type NicIngressMaps struct {
 	Backends         *ebpf.Map `ebpf:"backends"`
 	Config           *ebpf.Map `ebpf:"config"`
 	Conntrack        *ebpf.Map `ebpf:"conntrack"`
+	CtUnconfirmed    *ebpf.Map `ebpf:"ct_unconfirmed"`
 	FlowScratch      *ebpf.Map `ebpf:"flow_scratch"`
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
@@ -185,6 +188,7 @@ func (m *NicIngressMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conntrack,
+		m.CtUnconfirmed,
 		m.FlowScratch,
 		m.Fragments,
 		m.FrontendPorts,

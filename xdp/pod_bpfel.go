@@ -21,6 +21,7 @@ const (
 	PodMapBackends         = "backends"
 	PodMapConfig           = "config"
 	PodMapConntrack        = "conntrack"
+	PodMapCtUnconfirmed    = "ct_unconfirmed"
 	PodMapFlowScratch      = "flow_scratch"
 	PodMapFragments        = "fragments"
 	PodMapFrontendPorts    = "frontend_ports"
@@ -100,6 +101,7 @@ type PodMapSpecs struct {
 	Backends         *ebpf.MapSpec `ebpf:"backends"`
 	Config           *ebpf.MapSpec `ebpf:"config"`
 	Conntrack        *ebpf.MapSpec `ebpf:"conntrack"`
+	CtUnconfirmed    *ebpf.MapSpec `ebpf:"ct_unconfirmed"`
 	FlowScratch      *ebpf.MapSpec `ebpf:"flow_scratch"`
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
@@ -155,6 +157,7 @@ type PodMaps struct {
 	Backends         *ebpf.Map `ebpf:"backends"`
 	Config           *ebpf.Map `ebpf:"config"`
 	Conntrack        *ebpf.Map `ebpf:"conntrack"`
+	CtUnconfirmed    *ebpf.Map `ebpf:"ct_unconfirmed"`
 	FlowScratch      *ebpf.Map `ebpf:"flow_scratch"`
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
@@ -185,6 +188,7 @@ func (m *PodMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conntrack,
+		m.CtUnconfirmed,
 		m.FlowScratch,
 		m.Fragments,
 		m.FrontendPorts,

@@ -21,6 +21,7 @@ const (
 	SockMapBackends           = "backends"
 	SockMapConfig             = "config"
 	SockMapConntrack          = "conntrack"
+	SockMapCtUnconfirmed      = "ct_unconfirmed"
 	SockMapFragments          = "fragments"
 	SockMapFrontendPorts      = "frontend_ports"
 	SockMapFrontends          = "frontends"
@@ -109,6 +110,7 @@ type SockMapSpecs struct {
 	Backends         *ebpf.MapSpec `ebpf:"backends"`
 	Config           *ebpf.MapSpec `ebpf:"config"`
 	Conntrack        *ebpf.MapSpec `ebpf:"conntrack"`
+	CtUnconfirmed    *ebpf.MapSpec `ebpf:"ct_unconfirmed"`
 	Fragments        *ebpf.MapSpec `ebpf:"fragments"`
 	FrontendPorts    *ebpf.MapSpec `ebpf:"frontend_ports"`
 	Frontends        *ebpf.MapSpec `ebpf:"frontends"`
@@ -161,6 +163,7 @@ type SockMaps struct {
 	Backends         *ebpf.Map `ebpf:"backends"`
 	Config           *ebpf.Map `ebpf:"config"`
 	Conntrack        *ebpf.Map `ebpf:"conntrack"`
+	CtUnconfirmed    *ebpf.Map `ebpf:"ct_unconfirmed"`
 	Fragments        *ebpf.Map `ebpf:"fragments"`
 	FrontendPorts    *ebpf.Map `ebpf:"frontend_ports"`
 	Frontends        *ebpf.Map `ebpf:"frontends"`
@@ -188,6 +191,7 @@ func (m *SockMaps) Close() error {
 		m.Backends,
 		m.Config,
 		m.Conntrack,
+		m.CtUnconfirmed,
 		m.Fragments,
 		m.FrontendPorts,
 		m.Frontends,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -264,17 +265,16 @@ func TestReplyMarksAnOldSpill(t *testing.T) {
 	f.expectSpillMark(index, "the reply")
 }
 
-// The unmarked spill of a flow that has ended (its forward entry evicted)
-// is deleted by the agent's check, and no longer keeps the marks
-// untrusted.
+// The unmarked spill of a flow that has ended (its forward entry evicted,
+// and its spill idle past the flow's timeout) is deleted by the agent's
+// check, and no longer keeps the marks untrusted.
 func TestEndedFlowsUnmarkedSpillIsDeleted(t *testing.T) {
 	f := newFixture(t)
 	_, _, flow := startSNATFlow(t, f)
 	f.setSpillsMarked(false)
 	rk := f.spill(flow)
-	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(flow.Key())); err != nil {
-		t.Fatal(err)
-	}
+	f.evictFlow(flow.Key())
+	f.ageReverseBy(flow, 7*time.Hour) // past the established timeout
 	if trusted, deleted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted || deleted != 1 {
 		t.Fatalf("trusted %v, %d spills deleted, %v; want trusted and the ended flow's spill deleted", trusted, deleted, err)
 	}

@@ -28,9 +28,23 @@ func BenchmarkTCDatapath(b *testing.B) {
 	flow := tcpFrame(podAddr, 34567, clusterIP, 80, packet.ACK, "")
 	flow.SrcMAC = localPodMAC
 	frame := flow.Bytes()
-	// Establish the flow.
+	// Establish the flow: its handshake confirms it.
+	syn := flow
+	syn.Flags = packet.SYN
+	v, out := f.runTC(f.dp.PodProgram(), syn.Bytes(), f.pod0)
+	if v != tcActRedirect {
+		b.Fatalf("SYN: verdict %d", int32(v))
+	}
+	synAck := replyTo(decode(b, out), packet.SYN|packet.ACK)
+	synAck.SrcMAC = gwMAC
+	if v, _ := f.runTC(f.dp.TCProgram(), synAck.Bytes(), f.nic1); v != tcActRedirect {
+		b.Fatalf("SYN-ACK: verdict %d", int32(v))
+	}
 	if v, _ := f.runTC(f.dp.PodProgram(), frame, f.pod0); v != tcActRedirect {
-		b.Fatalf("first packet: verdict %d", int32(v))
+		b.Fatalf("ACK: verdict %d", int32(v))
+	}
+	if fl, ok := f.flow(flowKeyOf(flow)); !ok || fl.Unconfirmed {
+		b.Fatal("the pod's flow was not confirmed by its handshake")
 	}
 	restoring := func(target *ebpf.Program) *ebpf.Program {
 		tmpl := xdp.BaselineTCTcFrameTemplate{Len: uint32(len(frame))}

@@ -44,7 +44,7 @@ static __always_inline int answers_live_flow(const struct nat_key *key,
 	if (!cfg)
 		return 0;
 	ct_of_nat(key, rev, now, &flow, &rebuilt);
-	ct = bpf_map_lookup_elem(&conntrack, &flow);
+	ct = ct_lookup(&flow);
 	return ct && ct_answers_to(ct, key) && !ct_expired(ct, key->proto, cfg, now);
 }
 

@@ -138,7 +138,9 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 	case FLOW_RESET:
 		return reset_client(ctx, pkt, res->reason);
 	case FLOW_NEW:
-		/* ct is the new entry, with the next hop flow_start found. */
+	case FLOW_PENDING:
+		/* ct is the new entry, with the next hop flow_start found, or
+		 * a copy of an unconfirmed flow's entry. */
 		if (!ct)
 			return drop(STAT_DROP_CT_FULL, pkt->len);
 		break;
@@ -147,7 +149,7 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		 * check, the rewrite and a cached next hop. */
 		if (!ct)
 			return drop(STAT_DROP_CT_FULL, pkt->len);
-		switch (flow_touch(&res->key, ct, pkt, cfg, now, &res->reason)) {
+		switch (flow_touch(res, ct, pkt, cfg, now)) {
 		case FLOW_TRACKED:
 			break;
 		case FLOW_RESET:

@@ -68,7 +68,7 @@ func agentFlags() []cli.Flag {
 		&cli.Uint64Flag{Name: "maglev-hash-seed", Value: uint64(d.HashSeed), EnvVars: env("maglev-hash-seed"),
 			Usage: "seed of the table and flow hashes; must be the same on every node behind one router"},
 		&cli.UintFlag{Name: "conntrack-max", Value: uint(d.ConntrackMax), EnvVars: env("conntrack-max"),
-			Usage: "tracked flows"},
+			Usage: "tracked flows once confirmed; flows not confirmed yet (a handshake under way, a UDP flow never answered) have a table of their own, a quarter this size (at least 1024)"},
 		&cli.UintFlag{Name: "nat-max", Value: uint(d.NATMax), EnvVars: env("nat-max"), DefaultText: "--conntrack-max",
 			Usage: "reverse NAT halves, one per tracked flow (SNAT flows use a port slot array of twice this size)"},
 		&cli.UintFlag{Name: "services-max", Value: uint(d.ServicesMax), EnvVars: env("services-max"),

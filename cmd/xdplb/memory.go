@@ -19,6 +19,7 @@ import (
 func mapFlags() map[string]string {
 	return map[string]string{
 		"conntrack":          "conntrack-max",
+		"ct_unconfirmed":     "conntrack-max", // a quarter of it
 		"affinity":           "conntrack-max", // an eighth of it
 		"nat":                "nat-max",
 		"snat_slots":         "nat-max", // twice it, in copies of the SNAT range

@@ -23,9 +23,12 @@ type Flow struct {
 	NAT       netip.AddrPort // SNAT source; invalid when the flow is not SNATed
 	TCPState  uint8          // enum ct_tcp_state bits
 	External  bool
-	Ended     bool          // ended by DeleteFlow, dated past every timeout
-	Created   time.Duration // CLOCK_MONOTONIC timestamps, as the kernel keeps them
-	LastSeen  time.Duration
+	// Unconfirmed: not confirmed yet (a TCP handshake not complete both
+	// ways, a UDP flow never answered), kept in the table of such flows.
+	Unconfirmed bool
+	Ended       bool          // ended by DeleteFlow, dated past every timeout
+	Created     time.Duration // CLOCK_MONOTONIC timestamps, as the kernel keeps them
+	LastSeen    time.Duration
 }
 
 // FlowKey identifies a flow by its client-side tuple.
@@ -45,17 +48,18 @@ func (k FlowKey) raw() xdp.NicCtKey {
 
 func flowOf(k xdp.NicCtKey, v xdp.NicCtEntry) Flow {
 	f := Flow{
-		Client:    netip.AddrPortFrom(xdp.NetToAddr(k.Saddr), xdp.NetToPort(k.Sport)),
-		Frontend:  netip.AddrPortFrom(xdp.NetToAddr(k.Daddr), xdp.NetToPort(k.Dport)),
-		Proto:     k.Proto,
-		BackendID: v.BackendId,
-		Backend:   netip.AddrPortFrom(xdp.NetToAddr(v.BackendAddr), xdp.NetToPort(v.BackendPort)),
-		SvcID:     v.SvcId,
-		TCPState:  v.TcpState,
-		External:  v.Flags&uint8(xdp.NicCtFlagsCT_F_EXTERNAL) != 0,
-		Ended:     v.Flags&uint8(xdp.NicCtFlagsCT_F_ENDED) != 0,
-		Created:   time.Duration(v.CreatedNs),
-		LastSeen:  time.Duration(v.LastSeenNs),
+		Client:      netip.AddrPortFrom(xdp.NetToAddr(k.Saddr), xdp.NetToPort(k.Sport)),
+		Frontend:    netip.AddrPortFrom(xdp.NetToAddr(k.Daddr), xdp.NetToPort(k.Dport)),
+		Proto:       k.Proto,
+		BackendID:   v.BackendId,
+		Backend:     netip.AddrPortFrom(xdp.NetToAddr(v.BackendAddr), xdp.NetToPort(v.BackendPort)),
+		SvcID:       v.SvcId,
+		TCPState:    v.TcpState,
+		External:    v.Flags&uint8(xdp.NicCtFlagsCT_F_EXTERNAL) != 0,
+		Ended:       v.Flags&uint8(xdp.NicCtFlagsCT_F_ENDED) != 0,
+		Unconfirmed: v.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0,
+		Created:     time.Duration(v.CreatedNs),
+		LastSeen:    time.Duration(v.LastSeenNs),
 	}
 	if v.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) != 0 {
 		f.NAT = netip.AddrPortFrom(xdp.NetToAddr(v.NatAddr), xdp.NetToPort(v.NatPort))
@@ -66,11 +70,39 @@ func flowOf(k xdp.NicCtKey, v xdp.NicCtEntry) Flow {
 // Key returns the flow's key.
 func (f Flow) Key() FlowKey { return FlowKey{Client: f.Client, Frontend: f.Frontend, Proto: f.Proto} }
 
-// Flows calls fn for every tracked flow until fn returns false.
+// flowTable is a map of forward halves, by its C name: confirmed flows, or
+// those not confirmed yet.
+type flowTable struct {
+	name string
+	m    *ebpf.Map
+}
+
+// flowTables are the maps of forward halves, confirmed flows first (the
+// order the datapath looks them up in). A datapath pinned by an earlier
+// version has no table of unconfirmed flows.
+func (d *Dataplane) flowTables() []flowTable {
+	tables := []flowTable{{"conntrack", d.m.Conntrack}}
+	if d.m.CtUnconfirmed != nil {
+		tables = append(tables, flowTable{"ct_unconfirmed", d.m.CtUnconfirmed})
+	}
+	return tables
+}
+
+// Flows calls fn for every tracked flow, confirmed ones first, until fn
+// returns false.
 func (d *Dataplane) Flows(fn func(Flow) bool) error {
-	err := eachEntry(d.m.Conntrack, func(k xdp.NicCtKey, v xdp.NicCtEntry) bool { return fn(flowOf(k, v)) })
-	if err != nil {
-		return fmt.Errorf("read conntrack: %w", err)
+	stopped := false
+	for _, t := range d.flowTables() {
+		err := eachEntry(t.m, func(k xdp.NicCtKey, v xdp.NicCtEntry) bool {
+			stopped = !fn(flowOf(k, v))
+			return !stopped
+		})
+		if err != nil {
+			return fmt.Errorf("read %s: %w", t.name, err)
+		}
+		if stopped {
+			return nil
+		}
 	}
 	return nil
 }
@@ -99,18 +131,28 @@ func eachEntry[K, V any](m *ebpf.Map, fn func(K, V) bool) error {
 	}
 }
 
-// Flow looks up one tracked flow.
+// Flow looks up one tracked flow, as the datapath does: confirmed, else
+// unconfirmed.
 func (d *Dataplane) Flow(k FlowKey) (Flow, bool, error) {
-	var v xdp.NicCtEntry
+	_, f, ok, err := d.lookupFlow(k)
+	return f, ok, err
+}
+
+// lookupFlow finds a flow and the table that holds it.
+func (d *Dataplane) lookupFlow(k FlowKey) (flowTable, Flow, bool, error) {
 	raw := k.raw()
-	err := d.m.Conntrack.Lookup(raw, &v)
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return Flow{}, false, nil
+	for _, t := range d.flowTables() {
+		var v xdp.NicCtEntry
+		err := t.m.Lookup(raw, &v)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return t, Flow{}, false, fmt.Errorf("%s lookup: %w", t.name, err)
+		}
+		return t, flowOf(raw, v), true, nil
 	}
-	if err != nil {
-		return Flow{}, false, fmt.Errorf("conntrack lookup: %w", err)
-	}
-	return flowOf(raw, v), true, nil
+	return flowTable{}, Flow{}, false, nil
 }
 
 // DeleteFlow ends a flow whose backend is gone or left its port (see
@@ -140,15 +182,19 @@ func (d *Dataplane) Flow(k FlowKey) (Flow, bool, error) {
 func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 	raw := f.Key().raw()
 	var errs []error
-	var cur xdp.NicCtEntry
-	switch err := d.m.Conntrack.Lookup(raw, &cur); {
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-		// Gone already; its reverse half may linger in the nat map.
+	table, found, ok, err := d.lookupFlow(f.Key())
+	switch {
 	case err != nil:
-		return false, fmt.Errorf("delete flow %s -> %s: read conntrack: %w", f.Client, f.Frontend, err)
-	case !sameFlow(f, flowOf(raw, cur)):
+		return false, fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
+	case !ok:
+		// Gone already; its reverse half may linger in the nat map.
+	case !sameFlow(f, found):
 		return false, nil
 	default:
+		var cur xdp.NicCtEntry
+		if err := table.m.Lookup(raw, &cur); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, fmt.Errorf("delete flow %s -> %s: read %s: %w", f.Client, f.Frontend, table.name, err)
+		}
 		end, err := d.endInPlace(f)
 		if err != nil {
 			return false, fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
@@ -156,9 +202,9 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 		if end {
 			cur.Flags |= uint8(xdp.NicCtFlagsCT_F_ENDED)
 			cur.LastSeenNs = uint64(Now()) - endedAge
-			err = d.m.Conntrack.Update(raw, cur, ebpf.UpdateExist)
+			err = table.m.Update(raw, cur, ebpf.UpdateExist)
 		} else {
-			err = d.m.Conntrack.Delete(raw)
+			err = table.m.Delete(raw)
 		}
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("end conntrack entry: %w", err))
@@ -170,8 +216,7 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 	case err != nil:
 		errs = append(errs, fmt.Errorf("read reverse NAT entry: %w", err))
-	case rev.ClientAddr == xdp.AddrToNet(f.Client.Addr()) && rev.ClientPort == xdp.PortToNet(f.Client.Port()) &&
-		rev.FrontendAddr == xdp.AddrToNet(f.Frontend.Addr()) && rev.FrontendPort == xdp.PortToNet(f.Frontend.Port()):
+	case reverseOf(rev, f):
 		if err := d.m.NAT.Delete(rk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete reverse NAT entry: %w", err))
 		}
@@ -180,6 +225,12 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 		return false, fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
 	}
 	return true, nil
+}
+
+// reverseOf tells whether a reverse half is f's.
+func reverseOf(rev xdp.NicNatEntry, f Flow) bool {
+	return rev.ClientAddr == xdp.AddrToNet(f.Client.Addr()) && rev.ClientPort == xdp.PortToNet(f.Client.Port()) &&
+		rev.FrontendAddr == xdp.AddrToNet(f.Frontend.Addr()) && rev.FrontendPort == xdp.PortToNet(f.Frontend.Port())
 }
 
 // endedAge is how far back an ended conntrack entry is dated: about 146
@@ -267,9 +318,7 @@ func (d *Dataplane) reverseSlot(f Flow) (index uint32, slot xdp.NicSnatSlot, ok 
 		return 0, slot, false, fmt.Errorf("read SNAT slot %d: %w", index, err)
 	}
 	rk := reverseKey(f)
-	ok = slot.Key.Proto != 0 && slot.Key == rk &&
-		slot.Rev.ClientAddr == xdp.AddrToNet(f.Client.Addr()) && slot.Rev.ClientPort == xdp.PortToNet(f.Client.Port()) &&
-		slot.Rev.FrontendAddr == xdp.AddrToNet(f.Frontend.Addr()) && slot.Rev.FrontendPort == xdp.PortToNet(f.Frontend.Port())
+	ok = slot.Key.Proto != 0 && slot.Key == rk && reverseOf(slot.Rev, f)
 	return index, slot, ok, nil
 }
 
@@ -349,9 +398,17 @@ func (d *Dataplane) ReverseEntries() (int, error) {
 	return n, err
 }
 
-// FlowEntries counts the forward halves: conntrack's entries.
+// FlowEntries counts the forward halves, confirmed and unconfirmed.
 func (d *Dataplane) FlowEntries() (int, error) {
-	return countEntries[xdp.NicCtKey, xdp.NicCtEntry](d.m.Conntrack)
+	total := 0
+	for _, t := range d.flowTables() {
+		n, err := countEntries[xdp.NicCtKey, xdp.NicCtEntry](t.m)
+		if err != nil {
+			return total, fmt.Errorf("count %s: %w", t.name, err)
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // ResetFlows forgets every tracked flow: conntrack, both kinds of reverse
@@ -363,7 +420,14 @@ func (d *Dataplane) ResetFlows() error {
 		what  string
 		clear func() error
 	}{
-		{"conntrack", func() error { return clearHash[xdp.NicCtKey, xdp.NicCtEntry](d.m.Conntrack) }},
+		{"conntrack", func() error {
+			for _, t := range d.flowTables() {
+				if err := clearHash[xdp.NicCtKey, xdp.NicCtEntry](t.m); err != nil {
+					return fmt.Errorf("%s: %w", t.name, err)
+				}
+			}
+			return nil
+		}},
 		// Slots before the NAT map: zeroing drops the slots' spill marks,
 		// and a spill made before that must go too.
 		{"SNAT slots", func() error { return zeroArray[xdp.NicSnatSlot](d.m.SNATSlots) }},
@@ -461,6 +525,14 @@ const tcpClosing = uint8(xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_R
 
 // TCPClosing reports whether a flow's TCP state bits say it is closing.
 func TCPClosing(state uint8) bool { return state&tcpClosing != 0 }
+
+// TCPClosed reports whether a flow's TCP state bits say the connection is
+// over: reset, or a FIN seen each way (ct_tcp_closed). A SYN on its tuple
+// starts a new flow.
+func TCPClosed(state uint8) bool {
+	fins := uint8(xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN)
+	return state&uint8(xdp.NicCtTcpStateCT_TCP_RST) != 0 || state&fins == fins
+}
 
 // TCPEstablished reports whether a flow's TCP state bits say it is past
 // its handshake and not closing (ct_tcp_established).

@@ -11,7 +11,7 @@ import (
 
 // sizedMaps are the maps whose fill level matters to operators.
 func (d *Dataplane) sizedMaps() map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{
+	maps := map[string]*ebpf.Map{
 		"conntrack":     d.m.Conntrack,
 		"nat":           d.m.NAT,
 		"snat_slots":    d.m.SNATSlots,
@@ -22,6 +22,11 @@ func (d *Dataplane) sizedMaps() map[string]*ebpf.Map {
 		"source_ranges": d.m.SourceRanges,
 		"services":      d.m.SvcNames,
 	}
+	if d.m.CtUnconfirmed != nil {
+		maps["ct_unconfirmed"] = d.m.CtUnconfirmed
+	}
+
+	return maps
 }
 
 // Capacities returns the capacity of each sized map.
@@ -45,7 +50,7 @@ func (d *Dataplane) Occupancy() (map[string]int, error) {
 		var n int
 		var err error
 		switch name {
-		case "conntrack":
+		case "conntrack", "ct_unconfirmed":
 			n, err = countEntries[xdp.NicCtKey, xdp.NicCtEntry](m)
 		case "nat":
 			n, err = countEntries[xdp.NicNatKey, xdp.NicNatEntry](m)

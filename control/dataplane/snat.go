@@ -244,21 +244,55 @@ func (d *Dataplane) deleteSpill(k xdp.NicNatKey, e xdp.NicNatEntry) (bool, error
 }
 
 // spillEnded reports whether the flow of a spill has ended: its forward
-// entry is gone, expired, or translates to another reply tuple. (Should a
-// late reply rebuild it meanwhile, the flow's next check restores the
-// reverse half it loses when the spill is deleted.)
+// entry expired or translates to another reply tuple, or is gone and the
+// flow is over by its reverse half (evictedFlowOver). (Should a late reply
+// rebuild it meanwhile, the flow's next check restores the reverse half it
+// loses when the spill is deleted.)
 func (d *Dataplane) spillEnded(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDatapathConfig) (bool, error) {
 	owner := xdp.NicCtKey{Saddr: e.ClientAddr, Daddr: e.FrontendAddr, Sport: e.ClientPort, Dport: e.FrontendPort, Proto: k.Proto}
 	var ct xdp.NicCtEntry
-	switch err := d.m.Conntrack.Lookup(owner, &ct); {
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-		return true, nil
-	case err != nil:
-		return false, fmt.Errorf("read conntrack entry: %w", err)
+	found := false
+	for _, t := range d.flowTables() {
+		err := t.m.Lookup(owner, &ct)
+		if err == nil {
+			found = true
+			break
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, fmt.Errorf("read %s entry: %w", t.name, err)
+		}
+	}
+	if !found {
+		return d.evictedFlowOver(k, e, cfg)
 	}
 	answers := ct.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) != 0 &&
 		ct.BackendAddr == k.Saddr && ct.BackendPort == k.Sport && ct.NatAddr == k.Daddr && ct.NatPort == k.Dport
 	return !answers || uint64(Now())-ct.LastSeenNs > ctTimeout(ct, k.Proto, cfg), nil
+}
+
+// evictedFlowOver reports whether a flow whose forward half is gone is
+// over, by its reverse half (evicted_flow_alive in include/nat.h): its
+// backend is gone, or the reverse half was idle past the flow's timeout.
+// Until then its reply tuple stays its own.
+func (d *Dataplane) evictedFlowOver(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDatapathConfig) (bool, error) {
+	var b xdp.NicBackend
+	switch err := d.m.Backends.Lookup(e.BackendId, &b); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("read backend %d: %w", e.BackendId, err)
+	}
+	if b.Addr != k.Saddr || b.Port != k.Sport {
+		return true, nil
+	}
+	timeout := cfg.UdpTimeoutNs
+	if k.Proto == TCP {
+		timeout = cfg.TcpEstablishedTimeoutNs
+		if e.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0 {
+			timeout = cfg.TcpTransientTimeoutNs
+		}
+	}
+	return uint64(Now())-e.LastSeenNs > timeout, nil
 }
 
 // ctTimeout is a conntrack entry's idle timeout (ct_timeout in
@@ -266,6 +300,9 @@ func (d *Dataplane) spillEnded(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDa
 func ctTimeout(ct xdp.NicCtEntry, proto uint8, cfg xdp.NicDatapathConfig) uint64 {
 	if proto != TCP {
 		return cfg.UdpTimeoutNs
+	}
+	if ct.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0 {
+		return cfg.TcpTransientTimeoutNs
 	}
 	if TCPEstablished(ct.TcpState) {
 		return cfg.TcpEstablishedTimeoutNs

@@ -96,10 +96,19 @@ func flowState(f dataplane.Flow) string {
 		return "ended"
 	}
 	if f.Proto != dataplane.TCP {
+		switch {
+		case f.Unconfirmed && f.TCPState&uint8(xdp.NicCtTcpStateCT_TCP_REPLY) != 0:
+			return "replied" // not a stream yet
+		case f.Unconfirmed:
+			return "unreplied"
+		}
 		return "-"
 	}
 	s := f.TCPState
 	switch {
+	case f.Unconfirmed && s&uint8(xdp.NicCtTcpStateCT_TCP_RST) == 0 && !dataplane.TCPClosing(s):
+		// Not confirmed yet: a handshake under way, or a spoofed SYN.
+		return "unconfirmed"
 	case s&uint8(xdp.NicCtTcpStateCT_TCP_RST) != 0:
 		return "reset"
 	case dataplane.TCPClosing(s):

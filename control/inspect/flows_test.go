@@ -20,6 +20,11 @@ func TestEndedFlowRow(t *testing.T) {
 		Proto: dataplane.TCP, Backend: netip.MustParseAddrPort("10.244.1.10:8080"), BackendID: 1,
 		TCPState: established, External: true, Created: now - time.Minute, LastSeen: now - time.Second,
 	}
+	// A client's ACK without its backend's answer (spoofed) sets the bit,
+	// but the flow is not confirmed: it keeps the transient timeout.
+	unconfirmed := base
+	unconfirmed.Unconfirmed = true
+	unconfirmed.LastSeen = now - 2*time.Minute
 	ended := base
 	ended.Ended = true
 	ended.LastSeen = time.Duration(uint64(now) - uint64(1)<<62)
@@ -35,6 +40,7 @@ func TestEndedFlowRow(t *testing.T) {
 		staleness string
 	}{
 		{"live", base, "established", 1, ""},
+		{"unconfirmed", unconfirmed, "unconfirmed", 120, "expired (idle 120s, timeout 1m0s)"},
 		{"ended", ended, "ended", 60, "ended by the agent (its backend left the service port)"},
 	}
 	for _, tc := range tests {

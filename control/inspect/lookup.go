@@ -184,15 +184,15 @@ func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.Ni
 	timeout := time.Duration(cfg.UdpTimeoutNs)
 	if fl.Proto == dataplane.TCP {
 		timeout = time.Duration(cfg.TcpTransientTimeoutNs)
-		if dataplane.TCPEstablished(fl.TCPState) {
+		if dataplane.TCPEstablished(fl.TCPState) && !fl.Unconfirmed {
 			timeout = time.Duration(cfg.TcpEstablishedTimeoutNs)
 		}
 	}
 	if now-fl.LastSeen > timeout {
 		return fmt.Sprintf("expired (idle %ds, timeout %s)", seconds(now-fl.LastSeen), timeout)
 	}
-	if fl.Proto == dataplane.TCP && dataplane.TCPClosing(fl.TCPState) {
-		return "closed (FIN or RST seen)"
+	if fl.Proto == dataplane.TCP && dataplane.TCPClosed(fl.TCPState) {
+		return "closed (RST, or FIN both ways)"
 	}
 	if b, ok := bes[fl.BackendID]; !ok || b.Addr != fl.Backend.Addr() || b.Port != fl.Backend.Port() {
 		return "for a backend that is gone"

@@ -11,6 +11,7 @@ import (
 
 	"github.com/xdplb/xdplb/perf/summary"
 	"github.com/xdplb/xdplb/perf/traffic"
+	"github.com/xdplb/xdplb/tests/packet"
 )
 
 // sender is what sends a run: the BPF generator or pktgen.
@@ -166,6 +167,9 @@ func (e *env) measure(ctx context.Context, m mode, sc scenario, set ServiceSet) 
 		spec = newFlowSpec(e, sc, set, newFlowSrc, 1<<20)
 	case trafficEstablished, trafficReply:
 		spec = establishedSpec(e, sc, set)
+		if err := e.openFlows(ctx, m, fwd, spec, sinkOf(e, scenario{target: sc.target})); err != nil {
+			return rep{}, fmt.Errorf("open flows: %w", err)
+		}
 		warm := traffic.RunOptions{Count: uint64(spec.Flows) * 8}
 		if _, err := e.send(ctx, fwd, spec, sinkOf(e, scenario{target: sc.target}), warm, nil); err != nil {
 			return rep{}, fmt.Errorf("warm-up: %w", err)
@@ -185,6 +189,36 @@ func (e *env) measure(ctx context.Context, m mode, sc scenario, set ServiceSet) 
 	}
 	observe := func() (*observation, error) { return m.observe(ctx, e) }
 	return e.send(ctx, s, spec, sinkOf(e, sc), traffic.RunOptions{Count: sc.count, Duration: sc.duration}, observe)
+}
+
+// openFlows opens the flows of an established scenario as real clients
+// and backends would before they are measured: a SYN each, then the
+// backends' answers where the mode tracks flows. The ACKs that follow (the
+// warm-up) complete the handshakes. xdplb confirms a flow only once its
+// backend answered, and a segment without SYN and without state claims no
+// SNAT port; a UDP flow is confirmed once answered and still active two
+// seconds after it began.
+func (e *env) openFlows(ctx context.Context, m mode, fwd sender, spec traffic.Spec, sink *traffic.Sink) error {
+	syn := spec
+	syn.TCPFlags = packet.SYN
+	if _, err := e.send(ctx, fwd, syn, sink, traffic.RunOptions{Count: uint64(spec.Flows)}, nil); err != nil {
+		return err
+	}
+	time.Sleep(50 * time.Millisecond)
+	tuples, err := m.replyTuples(ctx, e, int(spec.Flows))
+	if err != nil {
+		return fmt.Errorf("reply tuples: %w", err)
+	}
+	if len(tuples) > 0 {
+		answers := traffic.RunOptions{Count: uint64(len(tuples))}
+		if _, err := e.send(ctx, e.replyGen, replySpec(e, tuples), sinkOf(e, scenario{traffic: trafficReply}), answers, nil); err != nil {
+			return fmt.Errorf("answers: %w", err)
+		}
+	}
+	if e.proto == traffic.UDP {
+		time.Sleep(2100 * time.Millisecond)
+	}
+	return nil
 }
 
 // result aggregates the repetitions of a scenario into a report row: the

@@ -13,6 +13,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "tuple.h"
+#include "counters.h"
 
 static __always_inline struct datapath_config *config_get(void)
 {
@@ -43,9 +44,13 @@ static __always_inline int ct_tcp_closed(const struct ct_entry *ct)
 	       (ct->tcp_state & (CT_TCP_FIN | CT_TCP_REPLY_FIN)) == (CT_TCP_FIN | CT_TCP_REPLY_FIN);
 }
 
+/* An unconfirmed TCP flow has the transient timeout, whatever its client
+ * sent: only the backend's answer makes a flow established. */
 static __always_inline __u64 ct_timeout(const struct ct_entry *ct, __u8 proto,
 					const struct datapath_config *cfg)
 {
+	if (proto == IPPROTO_TCP && (ct->flags & CT_F_UNCONFIRMED))
+		return cfg->tcp_transient_timeout_ns;
 	if (proto == IPPROTO_TCP)
 		return ct_tcp_established(ct) ? cfg->tcp_established_timeout_ns
 					      : cfg->tcp_transient_timeout_ns;
@@ -96,11 +101,84 @@ static __always_inline void ct_add_tcp_state(struct ct_entry *ct, __u8 bits)
 		__sync_fetch_and_or((__u32 *)&ct->tcp_state, (__u32)bits);
 }
 
-/* A SYN on a tuple whose previous connection closed starts a new flow. */
+/* A SYN on a tuple whose previous connection closed (reset, or a FIN each
+ * way) starts a new flow. A half-closed connection keeps its tuple: its
+ * backend may still send, and a SYN there is not a new connection. */
 static __always_inline int ct_reused_tuple(const struct ct_entry *ct, __u8 tcp_flags)
 {
-	return (tcp_flags & TCP_FLAG_SYN) && !(tcp_flags & TCP_FLAG_ACK) &&
-	       (ct->tcp_state & CT_TCP_CLOSING);
+	return (tcp_flags & TCP_FLAG_SYN) && !(tcp_flags & TCP_FLAG_ACK) && ct_tcp_closed(ct);
+}
+
+/* The tracked flow of a client tuple: a confirmed one, else an unconfirmed
+ * one; NULL when there is none. */
+static __always_inline struct ct_entry *ct_lookup(const struct ct_key *key)
+{
+	struct ct_entry *ct = bpf_map_lookup_elem(&conntrack, key);
+
+	if (ct)
+		return ct;
+	return bpf_map_lookup_elem(&ct_unconfirmed, key);
+}
+
+/* Forget a tracked flow, from the table its entry is in. */
+static __always_inline void ct_delete(const struct ct_key *key, const struct ct_entry *ct)
+{
+	if (ct->flags & CT_F_UNCONFIRMED)
+		bpf_map_delete_elem(&ct_unconfirmed, key);
+	else
+		bpf_map_delete_elem(&conntrack, key);
+}
+
+/* Track a flow, new or rebuilt, in the table its flags name. */
+static __always_inline long ct_insert(const struct ct_key *key, const struct ct_entry *ct,
+				      __u64 flags)
+{
+	if (ct->flags & CT_F_UNCONFIRMED)
+		return bpf_map_update_elem(&ct_unconfirmed, key, ct, flags);
+	return bpf_map_update_elem(&conntrack, key, ct, flags);
+}
+
+/* A UDP flow that its backend answered and that is still active this
+ * long after it began is a stream, and confirmed; a single query and its
+ * answer are not (the kernel's conntrack assures UDP flows alike), so a
+ * flood of datagrams that a backend answers stays unconfirmed. */
+#define CT_UDP_STREAM_NS (2 * NSEC_PER_SEC)
+
+/* Does this packet confirm an unconfirmed flow whose backend answered (see
+ * CT_TCP_REPLY)? For TCP, the client's ACK without SYN, unless the flow is
+ * closing; for UDP, any packet once the flow is a stream. */
+static __always_inline int ct_confirmed_by(const struct ct_entry *ct, __u8 proto, __u8 tcp_flags,
+					   __u64 now)
+{
+	if (!(ct->flags & CT_F_UNCONFIRMED) || !(ct->tcp_state & CT_TCP_REPLY))
+		return 0;
+	if (proto != IPPROTO_TCP)
+		return time_since(ct->created_ns, now) >= CT_UDP_STREAM_NS;
+	return !(ct->tcp_state & CT_TCP_CLOSING) &&
+	       (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) == TCP_FLAG_ACK;
+}
+
+/*
+ * Move an unconfirmed flow to conntrack. Returns the confirmed entry; NULL
+ * when conntrack refused it, and the flow stays unconfirmed. The
+ * unconfirmed entry is deleted, so ct must not be used after a success.
+ * Two CPUs confirming one flow at once write the same entry twice.
+ */
+static __always_inline struct ct_entry *ct_confirm(const struct ct_key *key, const struct ct_entry *ct,
+						   __u64 now)
+{
+	struct ct_entry *confirmed;
+
+	if (bpf_map_update_elem(&conntrack, key, ct, BPF_ANY))
+		return NULL;
+	confirmed = bpf_map_lookup_elem(&conntrack, key);
+	if (!confirmed)
+		return NULL;
+	confirmed->flags &= ~CT_F_UNCONFIRMED;
+	confirmed->last_seen_ns = now;
+	bpf_map_delete_elem(&ct_unconfirmed, key);
+	count(STAT_CT_CONFIRMED, 0);
+	return confirmed;
 }
 
 #endif /* XDPLB_CONNTRACK_H */

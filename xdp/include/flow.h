@@ -31,6 +31,7 @@ enum origin {
 enum flow_verdict {
 	FLOW_TRACKED,  /* follow res->ct, a live conntrack entry */
 	FLOW_NEW,      /* a new flow: res->ct points at res->fresh, tracked */
+	FLOW_PENDING,  /* an unconfirmed flow, touched and counted: res->ct points at a copy in res->fresh */
 	FLOW_REFUSE,   /* no usable backend: refuse the client */
 	FLOW_RESET,    /* mid-connection TCP that cannot go on: RST, counted as res->reason */
 	FLOW_DROP,     /* drop, counted as res->reason */
@@ -105,6 +106,17 @@ static __always_inline int ct_usable(const struct ct_entry *ct, const struct pac
 		return 0;
 	}
 	return 1;
+}
+
+/* Is the entry a live flow of the other origin? A client tuple is one
+ * origin's at a time: a packet from outside that spoofs a pod's flow (or
+ * the other way round) is dropped, and the flow keeps its entry. */
+static __always_inline int ct_live_for_other_origin(const struct ct_entry *ct,
+						    const struct packet *pkt, enum origin origin,
+						    const struct datapath_config *cfg, __u64 now)
+{
+	return (ct->flags & CT_F_EXTERNAL) != origin_ct_flags(origin) &&
+	       !ct_expired(ct, pkt->proto, cfg, now);
 }
 
 /* A TCP packet without SYN: part of a connection under way, which a RST
@@ -207,7 +219,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	fresh->svc_id = fe->svc_id;
 	fresh->backend_addr = pick.backend.addr;
 	fresh->backend_port = pick.backend.port;
-	fresh->flags = origin_ct_flags(origin);
+	fresh->flags = origin_ct_flags(origin) | CT_F_UNCONFIRMED;
 	if (fe->affinity_timeout)
 		fresh->flags |= CT_F_AFFINITY;
 	/* The node itself: delivered to the stack, never routed (always
@@ -243,6 +255,14 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 			res->reason = STAT_DROP_NO_NODE_ADDR;
 			return FLOW_DROP;
 		}
+		/* A TCP segment without SYN and without state claims no
+		 * port: the backend holds no connection on a new one, and a
+		 * port an evicted flow left is not free. Its backend's next
+		 * reply rebuilds an evicted flow (reverse_touch). */
+		if (tcp_mid_connection(pkt)) {
+			res->reason = STAT_DROP_NO_FLOW;
+			return FLOW_DROP;
+		}
 	}
 
 	err = nat_claim(&res->key, fresh, tcp_opening(pkt), cfg, now);
@@ -261,24 +281,34 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 			res->reason = STAT_DROP_CT_FULL;
 		return FLOW_DROP;
 	}
-	if (bpf_map_update_elem(&conntrack, &res->key, fresh, BPF_NOEXIST)) {
+	/* A new flow is unconfirmed: it can only displace other unconfirmed
+	 * flows (see ct_unconfirmed in maps.h). */
+	if (bpf_map_update_elem(&ct_unconfirmed, &res->key, fresh, BPF_NOEXIST)) {
 		/* The tuple is tracked already: a retransmitted SYN, or another
 		 * CPU was first. Follow a live entry; replace a dead one. */
-		struct ct_entry *ct = bpf_map_lookup_elem(&conntrack, &res->key);
+		struct ct_entry *ct = bpf_map_lookup_elem(&ct_unconfirmed, &res->key);
 
+		if (ct && ct_live_for_other_origin(ct, pkt, origin, cfg, now)) {
+			nat_release(&res->key, fresh);
+			res->reason = STAT_DROP_TUPLE_TAKEN;
+			return FLOW_DROP;
+		}
 		if (ct && ct_usable(ct, pkt, origin, cfg, now)) {
 			/* Give back what was claimed, unless it is the live
-			 * entry's own reverse half, taken over in the claim. */
+			 * entry's own reverse half, taken over in the claim.
+			 * The packet goes on with a copy (see flow_pending). */
 			if (!ct_same_reverse(fresh, ct))
 				nat_release(&res->key, fresh);
-			*ctp = ct;
-			return FLOW_TRACKED;
+			count_service(ct->svc_id, pkt->len, 0);
+			*fresh = *ct;
+			*ctp = fresh;
+			return FLOW_PENDING;
 		}
 		/* The dead entry's reverse half goes, unless the claim took
 		 * it over (the same port of the same backend came round). */
 		if (ct && !ct_same_reverse(fresh, ct))
 			nat_release(&res->key, ct);
-		if (bpf_map_update_elem(&conntrack, &res->key, fresh, BPF_ANY)) {
+		if (bpf_map_update_elem(&ct_unconfirmed, &res->key, fresh, BPF_ANY)) {
 			nat_release(&res->key, fresh);
 			res->reason = STAT_DROP_CT_FULL;
 			return FLOW_DROP;
@@ -291,57 +321,165 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 }
 
 /*
+ * Confirm a confirmed flow's reverse half too, so that its replies take
+ * the fast path and an eviction of its forward half is judged by the
+ * confirmed flow's timeout (evicted_flow_alive).
+ */
+static __always_inline void nat_confirm_reverse(const struct ct_key *flow, const struct ct_entry *ct)
+{
+	struct nat_entry *rev;
+	struct nat_key key;
+
+	nat_key_of(flow, ct, &key);
+	rev = reverse_lookup(&key);
+	if (rev && nat_entry_matches(rev, flow))
+		nat_confirm_entry(rev);
+}
+
+/* Date an unconfirmed SNAT flow's reverse half from its client's side
+ * (nat_keep_dated), as nat_ensure does for a confirmed one: a one-way
+ * stream whose answers are rare stays alive by it. */
+static __always_inline void snat_keep_dated(const struct ct_key *flow, const struct ct_entry *ct,
+					    const struct datapath_config *cfg, __u64 now)
+{
+	struct nat_entry *rev;
+	struct nat_key key;
+
+	nat_key_of(flow, ct, &key);
+	rev = reverse_lookup(&key);
+	if (rev && nat_entry_matches(rev, flow))
+		nat_keep_dated(rev, cfg, now);
+}
+
+/*
+ * A packet of a live unconfirmed flow (pending, its entry in
+ * ct_unconfirmed). The ACK that confirms a TCP flow moves it to conntrack:
+ * FLOW_TRACKED, *ctp the confirmed entry. Otherwise the entry is touched
+ * here (TCP state; once a second its date and its reverse half's, or for
+ * a flow without SNAT its reply tuple, which may have been taken: then
+ * the flow ends as in flow_touch) and the packet goes on with a copy of it in res->fresh
+ * (FLOW_PENDING), so the hooks translate tracked packets from conntrack or
+ * res->fresh only: each kind of entry the verifier follows through a
+ * hook's whole path costs it a pass. An unconfirmed flow's next hop is
+ * therefore looked up for each packet (a handshake's few). A SNAT flow's
+ * port cannot be taken while it lives (evicted_flow_alive).
+ */
+static __always_inline enum flow_verdict flow_pending(const struct packet *pkt, struct ct_entry *pending,
+						      const struct datapath_config *cfg, __u64 now,
+						      struct flow_result *res, struct ct_entry **ctp)
+{
+	struct ct_entry *confirmed;
+
+	if (ct_confirmed_by(pending, pkt->proto, pkt->tcp_flags, now)) {
+		confirmed = ct_confirm(&res->key, pending, now);
+		if (confirmed) {
+			nat_confirm_reverse(&res->key, confirmed);
+			*ctp = confirmed;
+			return FLOW_TRACKED;
+		}
+	}
+	if (pkt->proto == IPPROTO_TCP)
+		ct_add_tcp_state(pending, ct_tcp_next_state(0, pkt->tcp_flags));
+	if (time_since(pending->last_seen_ns, now) > NSEC_PER_SEC) {
+		pending->last_seen_ns = now;
+		if (pending->flags & CT_F_SNAT)
+			snat_keep_dated(&res->key, pending, cfg, now);
+		else if (dnat_ensure(&res->key, pending, cfg, now) == NAT_TAKEN) {
+			ct_delete(&res->key, pending);
+			res->reason = tcp_mid_connection(pkt) ? STAT_RST_REPLY_TUPLE_TAKEN
+							      : STAT_DROP_REPLY_TUPLE_TAKEN;
+			return tcp_mid_connection(pkt) ? FLOW_RESET : FLOW_DROP;
+		}
+	}
+	count_service(pending->svc_id, pkt->len, 0);
+	res->fresh = *pending;
+	*ctp = &res->fresh;
+	return FLOW_PENDING;
+}
+
+/*
+ * Forget a tracked flow that a packet may not follow (see ct_usable), and
+ * its reverse half. Returns 1 when the packet is mid-connection TCP whose
+ * backend is gone, or left the service port (the agent ended the flow):
+ * the client is told (FLOW_RESET) rather than left to retransmit into a
+ * drop (a segment without SYN starts no SNAT flow: STAT_DROP_NO_FLOW).
+ */
+static __always_inline int flow_forget_dead(const struct ct_entry *ct, const struct packet *pkt,
+					    const struct datapath_config *cfg, __u64 now,
+					    struct flow_result *res)
+{
+	int gone = (ct->flags & CT_F_ENDED) ||
+		   (!ct_expired(ct, pkt->proto, cfg, now) && !ct_backend_alive(ct));
+	int reset = gone && tcp_mid_connection(pkt);
+
+	nat_release(&res->key, ct);
+	ct_delete(&res->key, ct);
+	if (reset)
+		res->reason = STAT_RST_BACKEND_GONE;
+	return reset;
+}
+
+/*
  * Classify a packet to a port some frontend uses: a packet of a live
- * tracked flow (*ctp: its entry), a new flow (*ctp: res->fresh, tracked
- * now), or something to refuse, drop or pass.
+ * tracked flow (*ctp: its entry in conntrack), of a live unconfirmed one
+ * (see flow_pending), a new flow (*ctp: res->fresh, tracked now), or
+ * something to refuse, drop or pass. A SYN opening a connection skips the
+ * unconfirmed table: the NOEXIST insert in flow_start catches a tuple
+ * tracked there.
  */
 static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex, struct packet *pkt,
 						       enum origin origin,
 						       const struct datapath_config *cfg, __u64 now,
 						       struct flow_result *res, struct ct_entry **ctp)
 {
-	struct ct_entry *ct;
+	struct ct_entry *ct, *pending;
 
 	ct_key_from_packet(pkt, &res->key);
-	/* A SYN starts a connection: skip the lookup that would miss; the
-	 * NOEXIST insert in flow_start catches a tuple that is tracked. */
-	if (tcp_opening(pkt))
-		return flow_start(ctx, ifindex, pkt, origin, cfg, now, res, ctp);
-
 	ct = bpf_map_lookup_elem(&conntrack, &res->key);
-	if (ct && (ct->flags & CT_F_EXTERNAL) == origin_ct_flags(origin)) {
+	if (ct) {
+		if (ct_live_for_other_origin(ct, pkt, origin, cfg, now)) {
+			res->reason = STAT_DROP_TUPLE_TAKEN;
+			return FLOW_DROP;
+		}
 		if (ct_usable(ct, pkt, origin, cfg, now)) {
 			*ctp = ct;
 			return FLOW_TRACKED;
 		}
-		if (!ct_expired(ct, pkt->proto, cfg, now) && !ct_backend_alive(ct) &&
-		    tcp_mid_connection(pkt)) {
-			/* Mid-connection and its backend is gone: tell the client. */
-			nat_release(&res->key, ct);
-			bpf_map_delete_elem(&conntrack, &res->key);
-			res->reason = STAT_RST_BACKEND_GONE;
+		if (flow_forget_dead(ct, pkt, cfg, now, res))
 			return FLOW_RESET;
+	} else if (!tcp_opening(pkt)) {
+		pending = bpf_map_lookup_elem(&ct_unconfirmed, &res->key);
+		if (pending) {
+			if (ct_live_for_other_origin(pending, pkt, origin, cfg, now)) {
+				res->reason = STAT_DROP_TUPLE_TAKEN;
+				return FLOW_DROP;
+			}
+			if (ct_usable(pending, pkt, origin, cfg, now))
+				return flow_pending(pkt, pending, cfg, now, res, ctp);
+			if (flow_forget_dead(pending, pkt, cfg, now, res))
+				return FLOW_RESET;
 		}
-		nat_release(&res->key, ct);
-		bpf_map_delete_elem(&conntrack, &res->key);
 	}
 	return flow_start(ctx, ifindex, pkt, origin, cfg, now, res, ctp);
 }
 
 /*
- * Keep a tracked flow's entry current for this packet: TCP state on every
- * packet (written only on change); once a second the timestamp, the
- * client's affinity entry and the reverse half, and the cached next hop is
- * dropped so the packet is routed afresh. Returns FLOW_TRACKED to go on;
- * FLOW_DROP with the reason in *reason when the reverse half could not be
- * restored; and when another flow holds its reply tuple now, the flow ends
- * here (its entry is deleted, so ct must not be used after): FLOW_RESET
- * for TCP mid-connection, FLOW_DROP otherwise.
+ * Keep a tracked flow's entry (ct, confirmed, for res->key) current for
+ * this packet: TCP state on every packet (written only on change); once a
+ * second the timestamp, the client's affinity entry and the reverse half,
+ * and the cached next hop is dropped so the packet is routed afresh.
+ * Returns FLOW_TRACKED to go on; FLOW_DROP with the reason in res->reason
+ * when the reverse half could not be restored; and when another flow holds
+ * its reply tuple now, the flow ends here (its entry is deleted, so ct must
+ * not be used after): FLOW_RESET for TCP mid-connection, FLOW_DROP
+ * otherwise.
  */
-static __always_inline enum flow_verdict flow_touch(const struct ct_key *key, struct ct_entry *ct,
-				      const struct packet *pkt, const struct datapath_config *cfg,
-				      __u64 now, enum stat *reason)
+static __always_inline enum flow_verdict flow_touch(struct flow_result *res, struct ct_entry *ct,
+						    const struct packet *pkt,
+						    const struct datapath_config *cfg, __u64 now)
 {
+	const struct ct_key *key = &res->key;
+
 	if (pkt->proto == IPPROTO_TCP)
 		ct_add_tcp_state(ct, ct_tcp_next_state(0, pkt->tcp_flags));
 	if (time_since(ct->last_seen_ns, now) <= NSEC_PER_SEC)
@@ -360,15 +498,15 @@ static __always_inline enum flow_verdict flow_touch(const struct ct_key *key, st
 		count(STAT_NAT_PORT_MOVED, 0);
 		break;
 	case NAT_TAKEN:
-		bpf_map_delete_elem(&conntrack, key);
+		ct_delete(key, ct);
 		if (tcp_mid_connection(pkt)) {
-			*reason = STAT_RST_REPLY_TUPLE_TAKEN;
+			res->reason = STAT_RST_REPLY_TUPLE_TAKEN;
 			return FLOW_RESET;
 		}
-		*reason = STAT_DROP_REPLY_TUPLE_TAKEN;
+		res->reason = STAT_DROP_REPLY_TUPLE_TAKEN;
 		return FLOW_DROP;
 	default:
-		*reason = STAT_DROP_CT_FULL;
+		res->reason = STAT_DROP_CT_FULL;
 		return FLOW_DROP;
 	}
 	return FLOW_TRACKED;
@@ -387,16 +525,6 @@ static __always_inline void flow_source(const struct ct_entry *ct, const struct 
 	}
 }
 
-/* Is the backend a reply comes from still the one its entry names? */
-static __always_inline int reverse_backend_alive(const struct nat_key *key,
-						 const struct nat_entry *rev)
-{
-	struct backend be;
-
-	return backend_get(rev->backend_id, &be) && be.addr == key->saddr &&
-	       be.port == key->sport;
-}
-
 /* Is a tracked flow over, by the datapath's configured timeouts? */
 static __always_inline int ct_over(const struct ct_entry *ct, __u8 proto, __u64 now)
 {
@@ -405,34 +533,18 @@ static __always_inline int ct_over(const struct ct_entry *ct, __u8 proto, __u64 
 	return cfg && ct_expired(ct, proto, cfg, now);
 }
 
-/* Does a flow whose forward half was evicted go on? While its backend
- * exists, and within its timeout by its reverse half's date: its last
- * reply, or its client's last packets (nat_keep_dated). A flow with
- * replies is past its handshake, as the forward half a reply rebuilds
- * says (ct_of_nat). */
-static __always_inline int evicted_flow_alive(const struct nat_key *key,
-					      const struct nat_entry *rev, __u64 now)
-{
-	const struct datapath_config *cfg = config_get();
-	__u64 timeout;
-
-	if (!reverse_backend_alive(key, rev))
-		return 0;
-	if (!cfg)
-		return 1;
-	timeout = key->proto == IPPROTO_TCP ? cfg->tcp_established_timeout_ns : cfg->udp_timeout_ns;
-	return time_since(rev->last_seen_ns, now) <= timeout;
-}
-
 /*
- * Check, once a second and on FIN or RST, that a reverse entry's forward
- * half is still there (rebuilding it if evicted) and still this flow, and
- * that the flow is not over. A flow is not rebuilt when its backend was
- * removed, when it was idle past its timeout (by its reverse half's date,
- * when the forward half is gone: evicted_flow_alive), or when the agent
- * ended it (its backend left the port): a late reply does not bring it
- * back. Returns 0 to translate the reply, -1 when the reverse entry is
- * stale (deleted; drop the reply).
+ * Check, once a second, on FIN or RST, and on every reply of an
+ * unconfirmed flow, that a reverse entry's forward half is still there
+ * (rebuilding it if evicted) and still this flow, and that the flow is
+ * not over. A reply marks an unconfirmed flow answered (CT_TCP_REPLY):
+ * its client's ACK then confirms a TCP flow (flow_pending), and any packet
+ * a UDP flow that has become a stream (CT_UDP_STREAM_NS). A flow is not
+ * rebuilt when its backend was removed, when it was idle past its timeout
+ * (by its reverse half's date, when the forward half is gone:
+ * evicted_flow_alive), or when the agent ended it (its backend left the
+ * port): a late reply does not bring it back. Returns 0 to translate the
+ * reply, -1 when the reverse entry is stale (deleted; drop the reply).
  */
 static __always_inline int reverse_touch(const struct nat_key *key, struct nat_entry *rev,
 					 const struct packet *pkt, __u64 now)
@@ -441,16 +553,17 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 	struct ct_entry *ct, rebuilt;
 	struct ct_key flow;
 
-	if (!refresh && !(pkt->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+	if (!refresh && !(rev->flags & CT_F_UNCONFIRMED) &&
+	    !(pkt->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
 		return 0;
 	ct_of_nat(key, rev, now, &flow, &rebuilt);
-	ct = bpf_map_lookup_elem(&conntrack, &flow);
+	ct = ct_lookup(&flow);
 	if (!ct) {
 		if (!evicted_flow_alive(key, rev, now)) {
 			nat_forget(key, rev);
 			return -1;
 		}
-		bpf_map_update_elem(&conntrack, &flow, &rebuilt, BPF_NOEXIST);
+		ct_insert(&flow, &rebuilt, BPF_NOEXIST);
 		count(STAT_CT_REPAIRED, 0);
 	} else if (!ct_answers_to(ct, key) || ct_over(ct, key->proto, now)) {
 		/* The client tuple belongs to a newer flow now, or the flow
@@ -464,6 +577,16 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 			ct_add_tcp_state(ct, CT_TCP_REPLY_FIN);
 		if (refresh)
 			ct->last_seen_ns = now;
+		if (!(ct->flags & CT_F_UNCONFIRMED)) {
+			/* Confirmed by its client meanwhile. */
+			nat_confirm_entry(rev);
+		} else if (key->proto == IPPROTO_TCP ||
+			   !ct_confirmed_by(ct, key->proto, pkt->tcp_flags, now)) {
+			ct_add_tcp_state(ct, CT_TCP_REPLY);
+		} else if (ct_confirm(&flow, ct, now)) {
+			/* A UDP stream: ct is gone to conntrack, not used after. */
+			nat_confirm_entry(rev);
+		}
 	}
 	if (refresh) {
 		rev->last_seen_ns = now;

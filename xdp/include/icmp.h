@@ -134,7 +134,7 @@ static __always_inline int icmp_about_forward(const struct packet *pkt,
 	if (!entry)
 		return -1;
 	ct_key_of_nat(&key, entry, &flow);
-	ct = bpf_map_lookup_elem(&conntrack, &flow);
+	ct = ct_lookup(&flow);
 	now = bpf_ktime_get_coarse_ns();
 	if (ct ? !ct_answers_to(ct, &key) || ct_over(ct, flow.proto, now)
 	       : !evicted_flow_alive(&key, entry, now))
@@ -154,7 +154,7 @@ static __always_inline int icmp_about_reply(const struct packet *pkt,
 
 	ct_key_set(&flow, quote->ip.daddr, quote->ip.saddr, quote->dport, quote->sport,
 		   quote->ip.protocol);
-	ct = bpf_map_lookup_elem(&conntrack, &flow);
+	ct = ct_lookup(&flow);
 	if (!ct || ct_over(ct, flow.proto, bpf_ktime_get_coarse_ns()))
 		return -1;
 	rw->quote_saddr = ct->backend_addr;

@@ -139,6 +139,7 @@ enum ct_tcp_state {
 	CT_TCP_FIN = 1 << 2,         /* client FIN seen (a FIN either way, before the reply bit) */
 	CT_TCP_RST = 1 << 3,         /* RST seen in either direction */
 	CT_TCP_REPLY_FIN = 1 << 4,   /* backend FIN seen */
+	CT_TCP_REPLY = 1 << 5,       /* backend packet seen while unconfirmed (its SYN-ACK); UDP flows too */
 };
 
 enum ct_flags {
@@ -147,6 +148,9 @@ enum ct_flags {
 	CT_F_AFFINITY = 1 << 2, /* the service port has ClientIP affinity */
 	CT_F_HOST = 1 << 3,     /* the backend is this node (BE_HOST) */
 	CT_F_ENDED = 1 << 4,    /* ended by the agent, which also dates it past every timeout */
+	/* Not confirmed yet: in ct_unconfirmed, not conntrack (see there).
+	 * Its reverse half carries the flag too until the flow is confirmed. */
+	CT_F_UNCONFIRMED = 1 << 5,
 };
 
 /* A cached FIB result: where to send the packets of a flow. Valid while
@@ -307,6 +311,9 @@ enum stat {
 	STAT_DROP_REPLY_TUPLE_TAKEN, /* no SNAT, and another live flow has the same reply tuple */
 	STAT_RST_REPLY_TUPLE_TAKEN, /* the same, TCP mid-connection: RST sent */
 	STAT_DROP_CLIENT_RST,     /* a client's RST where a RST would be sent (reject_tcp, rst_*): never answered */
+	STAT_CT_CONFIRMED,        /* a flow confirmed: moved from ct_unconfirmed to conntrack */
+	STAT_DROP_NO_FLOW,        /* TCP without SYN, untracked, would need a SNAT port: never claims one */
+	STAT_DROP_TUPLE_TAKEN,    /* the client tuple is a live flow of the other origin (spoofed) */
 	STAT_MAX,
 };
 
@@ -439,6 +446,22 @@ struct {
 	__type(value, struct ct_entry);
 	__uint(pinning, PIN);
 } conntrack SEC(".maps");
+
+/*
+ * Flows not confirmed yet: a TCP flow until its handshake completed both
+ * ways (the backend answered, then the client acknowledged), a UDP flow
+ * until its backend answered. Every new flow starts here and moves to
+ * conntrack when confirmed (ct_confirm), so a flood of new flows, spoofed
+ * or not, only ever evicts other unconfirmed flows: a confirmed flow is
+ * only displaced by another confirmed one, in conntrack.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct ct_key);
+	__type(value, struct ct_entry);
+	__uint(pinning, PIN);
+} ct_unconfirmed SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -21,6 +21,7 @@
 #include "csum.h"
 #include "hash.h"
 #include "conntrack.h"
+#include "maglev.h"
 
 /*
  * A SNAT flow claims its port by trying ports in three ways, in turn:
@@ -114,7 +115,12 @@ static __always_inline void ct_key_of_nat(const struct nat_key *key, const struc
 		   entry->frontend_port, key->proto);
 }
 
-/* The forward key and entry a reverse entry stands for. */
+/*
+ * The forward key and entry a reverse entry stands for, rebuilt when a
+ * reply finds the forward half evicted. A confirmed flow is past its
+ * handshake. An unconfirmed one has just been answered by its backend,
+ * and stays unconfirmed (see ct_confirmed_by).
+ */
 static __always_inline void ct_of_nat(const struct nat_key *key, const struct nat_entry *entry,
 				      __u64 now, struct ct_key *flow, struct ct_entry *ct)
 {
@@ -131,8 +137,12 @@ static __always_inline void ct_of_nat(const struct nat_key *key, const struct na
 		ct->nat_addr = key->daddr;
 		ct->nat_port = key->dport;
 	}
-	/* A flow with replies is past its handshake. */
-	ct->tcp_state = CT_TCP_SYN | CT_TCP_ESTABLISHED;
+	if (!(entry->flags & CT_F_UNCONFIRMED))
+		ct->tcp_state = CT_TCP_SYN | CT_TCP_ESTABLISHED;
+	else if (key->proto == IPPROTO_TCP)
+		ct->tcp_state = CT_TCP_SYN | CT_TCP_REPLY;
+	else
+		ct->tcp_state = CT_TCP_REPLY;
 }
 
 /* Does a live forward entry translate to exactly this reply tuple? */
@@ -275,12 +285,52 @@ static __always_inline struct snat_slot *snat_slot_for(const struct nat_key *key
 	return snat_slot_in(snat_bucket_assign(key, cfg->snat_buckets), key, cfg);
 }
 
+/* Is the backend a reply comes from still the one its entry names? */
+static __always_inline int reverse_backend_alive(const struct nat_key *key,
+						 const struct nat_entry *rev)
+{
+	struct backend be;
+
+	return backend_get(rev->backend_id, &be) && be.addr == key->saddr &&
+	       be.port == key->sport;
+}
+
+/*
+ * Does a flow whose forward half was evicted go on? While its backend
+ * exists, and within its timeout by its reverse half's date: its last
+ * reply, or its client's last packets (nat_keep_dated). The timeout is
+ * the one its forward half would have had: an unconfirmed TCP flow's is
+ * the transient one, a confirmed TCP flow's the established one (it may
+ * be closing; the agent's view of it is gone with its forward half).
+ * Losing a forward half therefore never frees a flow's reply tuple (its
+ * SNAT port) before the flow could be over.
+ */
+static __always_inline int evicted_flow_alive(const struct nat_key *key,
+					      const struct nat_entry *rev, __u64 now)
+{
+	const struct datapath_config *cfg = config_get();
+	__u64 timeout;
+
+	if (!reverse_backend_alive(key, rev))
+		return 0;
+	if (!cfg)
+		return 1;
+	if (key->proto != IPPROTO_TCP)
+		timeout = cfg->udp_timeout_ns;
+	else if (rev->flags & CT_F_UNCONFIRMED)
+		timeout = cfg->tcp_transient_timeout_ns;
+	else
+		timeout = cfg->tcp_established_timeout_ns;
+	return time_since(READ_ONCE(rev->last_seen_ns), now) <= timeout;
+}
+
 /*
  * Is the flow holding reverse half `rev` of reply tuple `key` gone: its
- * forward entry missing, expired, or translating elsewhere now? snat is
- * CT_F_SNAT for a SNAT flow's tuple, 0 for one without SNAT. (A flow
- * coming back after its forward entry was evicted finds its old reverse
- * half gone too; one whose entry is still there must not take it over.)
+ * forward entry expired or translating elsewhere now, or evicted and past
+ * its timeout by the reverse half's own date (evicted_flow_alive)? snat
+ * is CT_F_SNAT for a SNAT flow's tuple, 0 for one without SNAT. A flow
+ * whose forward entry was evicted keeps its tuple: its backend may still
+ * hold the connection, and a new flow on the same tuple would share it.
  * opening is set when the flow asking opens a TCP connection (a SYN): a
  * holder that is closed (ct_tcp_closed: reset, or a FIN each way) counts
  * as gone then, as for a SYN on a closed connection's own tuple
@@ -296,8 +346,10 @@ static __always_inline int reverse_holder_gone(const struct nat_key *key,
 	struct ct_entry *ct;
 
 	ct_key_of_nat(key, rev, &owner);
-	ct = bpf_map_lookup_elem(&conntrack, &owner);
-	return !ct || (ct->flags & CT_F_SNAT) != snat || !ct_answers_to(ct, key) ||
+	ct = ct_lookup(&owner);
+	if (!ct)
+		return !evicted_flow_alive(key, rev, now);
+	return (ct->flags & CT_F_SNAT) != snat || !ct_answers_to(ct, key) ||
 	       ct_expired(ct, owner.proto, cfg, now) ||
 	       (opening && ct_tcp_closed(ct));
 }
@@ -437,6 +489,13 @@ static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *ke
 			return &slot->rev;
 	}
 	return bpf_map_lookup_elem(&nat, key);
+}
+
+/* Mark a reverse half confirmed, once its flow is (see ct_unconfirmed). */
+static __always_inline void nat_confirm_entry(struct nat_entry *rev)
+{
+	if (rev->flags & CT_F_UNCONFIRMED)
+		rev->flags &= ~CT_F_UNCONFIRMED;
 }
 
 enum snat_try {
@@ -859,34 +918,46 @@ static __always_inline enum nat_check snat_check_port(const struct ct_key *flow,
 
 /* Make sure a live forward entry still has its reverse half (dating it:
  * nat_keep_dated). */
-static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, struct ct_entry *ct,
-						 const struct datapath_config *cfg, __u64 now)
+/*
+ * nat_ensure for a flow without SNAT. Its reply tuple is fixed: this
+ * flow's, unless another flow took it while this one's reverse half was
+ * gone (evicted), or took it over from this one, closed, with a SYN. That
+ * flow keeps it (see dnat_put): NAT_TAKEN.
+ */
+static __always_inline enum nat_check dnat_ensure(const struct ct_key *flow, const struct ct_entry *ct,
+						  const struct datapath_config *cfg, __u64 now)
 {
 	struct nat_entry *found, entry;
-	enum nat_check check;
 	struct nat_key key;
 
 	nat_key_of(flow, ct, &key);
-	nat_entry_of(flow, ct, &entry);
-	if (!(ct->flags & CT_F_SNAT)) {
-		/* Without SNAT the reply tuple is fixed: this flow's, unless
-		 * another flow took it while this one's reverse half was gone
-		 * (evicted), or took it over from this one, closed, with a
-		 * SYN. That flow keeps it (see dnat_put). */
-		found = bpf_map_lookup_elem(&nat, &key);
-		if (found && nat_entry_matches(found, flow)) {
-			nat_keep_dated(found, cfg, now);
-			return NAT_OK;
-		}
-		switch (dnat_put(flow, &key, &entry, 0, cfg, now)) {
-		case 0:
-			return NAT_REPAIRED;
-		case -3:
-			return NAT_TAKEN;
-		default:
-			return NAT_FAILED;
-		}
+	found = bpf_map_lookup_elem(&nat, &key);
+	if (found && nat_entry_matches(found, flow)) {
+		nat_keep_dated(found, cfg, now);
+		return NAT_OK;
 	}
+	nat_entry_of(flow, ct, &entry);
+	switch (dnat_put(flow, &key, &entry, 0, cfg, now)) {
+	case 0:
+		return NAT_REPAIRED;
+	case -3:
+		return NAT_TAKEN;
+	default:
+		return NAT_FAILED;
+	}
+}
+
+static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, struct ct_entry *ct,
+						 const struct datapath_config *cfg, __u64 now)
+{
+	struct nat_entry entry;
+	enum nat_check check;
+	struct nat_key key;
+
+	if (!(ct->flags & CT_F_SNAT))
+		return dnat_ensure(flow, ct, cfg, now);
+	nat_key_of(flow, ct, &key);
+	nat_entry_of(flow, ct, &entry);
 
 	/* A port outside the range is one of an earlier range (a restart
 	 * with another --snat-port-range): the flow moves, as it does when

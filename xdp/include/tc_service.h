@@ -83,11 +83,12 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 	case FLOW_RESET:
 		return skb_refuse(skb, pkt, res->reason);
 	case FLOW_NEW:
+	case FLOW_PENDING:
 		break;
 	case FLOW_TRACKED:
 		if (!ct)
 			break;
-		switch (flow_touch(&res->key, ct, pkt, cfg, now, &res->reason)) {
+		switch (flow_touch(res, ct, pkt, cfg, now)) {
 		case FLOW_TRACKED:
 			break;
 		case FLOW_RESET:
