@@ -234,6 +234,38 @@ func TestPinsWithoutUnconfirmedFlowsAreAdopted(t *testing.T) {
 	}
 }
 
+// A larger --conntrack-max resizes the table of unconfirmed flows too,
+// and the flows waiting there for confirmation are copied over.
+func TestResizeKeepsUnconfirmedFlows(t *testing.T) {
+	root := testenv.BPFFS(t)
+	opts := smallOptions(root)
+	dp, err := loadertest.Load(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
+	waiting := xdp.NicCtEntry{BackendId: 7, LastSeenNs: uint64(dataplane.Now()), Flags: uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED)}
+	if err := dp.Maps.CtUnconfirmed.Put(flow, waiting); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+
+	bigger := opts
+	bigger.ConntrackMax, bigger.NATMax = 8*opts.ConntrackMax, 8*opts.NATMax
+	again, err := loadertest.Load(bigger, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if got, want := again.Maps.CtUnconfirmed.MaxEntries(), bigger.UnconfirmedFlows(); got != want || want == opts.UnconfirmedFlows() {
+		t.Fatalf("ct_unconfirmed holds %d flows, want %d (was %d)", got, want, opts.UnconfirmedFlows())
+	}
+	var e xdp.NicCtEntry
+	if err := again.Maps.CtUnconfirmed.Lookup(flow, &e); err != nil || e != waiting {
+		t.Fatalf("the unconfirmed flow after the resize: %+v, %v; want %+v", e, err, waiting)
+	}
+}
+
 // A new SNAT range moves the claimed SNAT slots to where the new layout
 // puts them, so replies of live SNAT flows keep finding their flow.
 func TestResizeMovesSNATSlots(t *testing.T) {

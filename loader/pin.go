@@ -56,10 +56,11 @@ func migrations(opts Options, hints *ebpf.Map) map[string]migration {
 	return map[string]migration{
 		"stats": copyPerCPUArray[xdp.NicCounter],
 
-		"conntrack":  copyRecentFirst[xdp.NicCtKey](ctLastSeen),
-		"nat":        copyRecentFirst[xdp.NicNatKey](func(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }),
-		"affinity":   copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
-		"snat_slots": func(from, to *ebpf.Map) (int, int, error) { return copySNATSlots(from, to, opts, hints) },
+		"conntrack":      copyRecentFirst[xdp.NicCtKey](ctLastSeen),
+		"ct_unconfirmed": copyRecentFirst[xdp.NicCtKey](ctLastSeen),
+		"nat":            copyRecentFirst[xdp.NicNatKey](func(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }),
+		"affinity":       copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
+		"snat_slots":     func(from, to *ebpf.Map) (int, int, error) { return copySNATSlots(from, to, opts, hints) },
 
 		"frontends":          copyEntries[xdp.NicFrontendKey, xdp.NicFrontend],
 		"backends":           copyEntries[uint32, xdp.NicBackend],
