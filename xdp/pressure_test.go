@@ -451,3 +451,47 @@ func expectUniqueReplyTuples(t testing.TB, f *fixture) {
 		t.Fatal(err)
 	}
 }
+
+// A client tuple is one origin's at a time: a packet from outside that
+// spoofs a pod's flow to a NodePort (the pod's own address and port) is
+// dropped, and the pod's flow keeps its entry, backend and reverse half;
+// the other way round too.
+func TestSpoofedTupleOfTheOtherOriginIsDropped(t *testing.T) {
+	for _, spoofed := range []string{"outside spoofs the pod", "pod spoofs an outside client"} {
+		t.Run(spoofed, func(t *testing.T) {
+			f := newFixture(t)
+			web := webService()
+			web.backends = map[uint32]dataplane.Backend{1: backendRemote1}
+			web.table = []uint32{1}
+			f.program(web)
+			in := tcpFrame(podAddr, 34100, nodeAddr, nodePort, packet.SYN, "")
+			in.SrcMAC = localPodMAC
+			// Each sends a frame and tells whether its program dropped it.
+			fromPod := func(fr packet.Frame) bool {
+				verdict, _ := f.runTC(f.dp.PodProgram(), fr.Bytes(), f.pod0)
+				return verdict == tcActShot
+			}
+			fromOutside := func(fr packet.Frame) bool { return f.run(fr.Bytes(), f.nic0).verdict == xdpDrop }
+			owner, spoofer := fromPod, fromOutside
+			if spoofed != "outside spoofs the pod" {
+				owner, spoofer = fromOutside, fromPod
+			}
+			owner(in)
+			flow := f.mustFlow(flowKeyOf(in))
+
+			for _, flags := range []uint8{packet.SYN, packet.ACK, packet.RST} {
+				fake := in
+				fake.Flags = flags
+				f.expectCounters(map[string]uint64{"drop_tuple_taken": 1}, func() {
+					if !spoofer(fake) {
+						t.Fatalf("spoofed %#x: not dropped", flags)
+					}
+				})
+			}
+			if again := f.mustFlow(flowKeyOf(in)); again.External != flow.External || again.Backend != flow.Backend ||
+				again.NAT != flow.NAT || again.Created != flow.Created {
+				t.Fatalf("the flow after the spoofed packets: %+v, was %+v", again, flow)
+			}
+		})
+	}
+}
