@@ -167,8 +167,10 @@ func (e *env) measure(ctx context.Context, m mode, sc scenario, set ServiceSet) 
 		spec = newFlowSpec(e, sc, set, newFlowSrc, 1<<20)
 	case trafficEstablished, trafficReply:
 		spec = establishedSpec(e, sc, set)
-		if err := e.openFlows(ctx, m, fwd, spec, sinkOf(e, scenario{target: sc.target})); err != nil {
-			return rep{}, fmt.Errorf("open flows: %w", err)
+		if tracksHandshakes(m) {
+			if err := e.openFlows(ctx, m, fwd, spec, sinkOf(e, scenario{target: sc.target})); err != nil {
+				return rep{}, fmt.Errorf("open flows: %w", err)
+			}
 		}
 		warm := traffic.RunOptions{Count: uint64(spec.Flows) * 8}
 		if _, err := e.send(ctx, fwd, spec, sinkOf(e, scenario{target: sc.target}), warm, nil); err != nil {
@@ -191,13 +193,21 @@ func (e *env) measure(ctx context.Context, m mode, sc scenario, set ServiceSet) 
 	return e.send(ctx, s, spec, sinkOf(e, sc), traffic.RunOptions{Count: sc.count, Duration: sc.duration}, observe)
 }
 
+// tracksHandshakes tells whether a mode needs an established scenario's
+// flows opened by a handshake (openFlows) before its ACKs get through:
+// xdplb does, as a segment without SYN and without state claims no SNAT
+// port. The kernel's conntrack picks a TCP flow up from its ACKs
+// (nf_conntrack_tcp_loose), and marks a handshake whose numbers the
+// generator does not keep invalid, which kube-proxy drops.
+func tracksHandshakes(m mode) bool {
+	return m.name() == summary.ModeXDPLB || m.name() == summary.ModeXDPLBTC
+}
+
 // openFlows opens the flows of an established scenario as real clients
 // and backends would before they are measured: a SYN each, then the
-// backends' answers where the mode tracks flows. The ACKs that follow (the
-// warm-up) complete the handshakes. xdplb confirms a flow only once its
-// backend answered, and a segment without SYN and without state claims no
-// SNAT port; a UDP flow is confirmed once answered and still active two
-// seconds after it began.
+// backends' answers. The ACKs that follow (the warm-up) complete the
+// handshakes. xdplb confirms a flow only once its backend answered; a UDP
+// flow once answered and still active two seconds after it began.
 func (e *env) openFlows(ctx context.Context, m mode, fwd sender, spec traffic.Spec, sink *traffic.Sink) error {
 	syn := spec
 	syn.TCPFlags = packet.SYN
