@@ -401,9 +401,9 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 	})
 
 	// The first flow's (unconfirmed) entry is evicted: its port stays
-	// with it while the flow may live, by its reverse half's date. Past
-	// the flow's timeout the port is free for the next flow, whose replies
-	// then reach it.
+	// with it for a short hold after its start (2 s, CT_UNCONFIRMED_HOLD_NS,
+	// well short of its 60 s timeout), then it is free for the next flow,
+	// whose replies then reach it.
 	first, _ := f.flow(key(6001))
 	if err := f.dp.Maps.CtUnconfirmed.Delete(ctKeyOf(key(6001))); err != nil {
 		t.Fatal(err)
@@ -411,7 +411,7 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 	f.expectCounters(map[string]uint64{"drop_nat_exhausted": 1}, func() {
 		f.expectVerdict(f.run(syn(6003).Bytes(), f.nic0), xdpDrop)
 	})
-	f.ageReverseBy(first, 2*time.Minute) // past the transient timeout
+	f.ageReverseBy(first, 3*time.Second) // past the hold
 	r := f.run(syn(6003).Bytes(), f.nic0)
 	f.expectVerdict(r, xdpRedirect)
 	if got := decode(t, r.out).SrcPort; got != portOf[6001] {

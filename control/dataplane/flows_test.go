@@ -73,7 +73,8 @@ func TestSpillOfAnEvictedFlowStaysWhileTheFlowMayLive(t *testing.T) {
 	}{
 		{"confirmed, idle a minute", 3, snat, time.Minute, true},
 		{"confirmed, past the established timeout", 3, snat, 7 * time.Hour, false},
-		{"unconfirmed, past the transient timeout", 3, snat | unconfirmed, 2 * time.Minute, false},
+		{"unconfirmed, idle a second", 3, snat | unconfirmed, time.Second, true},
+		{"unconfirmed, past its hold", 3, snat | unconfirmed, 3 * time.Second, false},
 		{"its backend gone", 4, snat, time.Second, false},
 	}
 	keyOf := func(i int) xdp.NicNatKey {
@@ -93,7 +94,7 @@ func TestSpillOfAnEvictedFlowStaysWhileTheFlowMayLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	if trusted || deleted != 3 {
-		t.Errorf("trusted %v, %d spills deleted; want untrusted (a live flow's spill is unmarked), 3 deleted", trusted, deleted)
+		t.Errorf("trusted %v, %d spills deleted; want untrusted (live flows' spills are unmarked), 3 deleted", trusted, deleted)
 	}
 	for i, s := range spills {
 		var e xdp.NicNatEntry

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -270,10 +271,15 @@ func (d *Dataplane) spillEnded(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDa
 	return !answers || uint64(Now())-ct.LastSeenNs > ctTimeout(ct, k.Proto, cfg), nil
 }
 
+// unconfirmedHold is how long an unconfirmed flow evicted from its table
+// keeps its reply tuple (CT_UNCONFIRMED_HOLD_NS in include/nat.h).
+const unconfirmedHold = uint64(2 * time.Second)
+
 // evictedFlowOver reports whether a flow whose forward half is gone is
 // over, by its reverse half (evicted_flow_alive in include/nat.h): its
-// backend is gone, or the reverse half was idle past the flow's timeout.
-// Until then its reply tuple stays its own.
+// backend is gone, or the reverse half was idle past the flow's timeout
+// (an unconfirmed flow's: at most unconfirmedHold). Until then its reply
+// tuple stays its own.
 func (d *Dataplane) evictedFlowOver(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDatapathConfig) (bool, error) {
 	var b xdp.NicBackend
 	switch err := d.m.Backends.Lookup(e.BackendId, &b); {
@@ -285,12 +291,16 @@ func (d *Dataplane) evictedFlowOver(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.
 	if b.Addr != k.Saddr || b.Port != k.Sport {
 		return true, nil
 	}
+	unconfirmed := e.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0
 	timeout := cfg.UdpTimeoutNs
-	if k.Proto == TCP {
+	switch {
+	case k.Proto == TCP && unconfirmed:
+		timeout = cfg.TcpTransientTimeoutNs
+	case k.Proto == TCP:
 		timeout = cfg.TcpEstablishedTimeoutNs
-		if e.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0 {
-			timeout = cfg.TcpTransientTimeoutNs
-		}
+	}
+	if unconfirmed {
+		timeout = min(timeout, unconfirmedHold)
 	}
 	return uint64(Now())-e.LastSeenNs > timeout, nil
 }

@@ -295,15 +295,24 @@ static __always_inline int reverse_backend_alive(const struct nat_key *key,
 	       be.port == key->sport;
 }
 
+/* How long an unconfirmed flow evicted from its table keeps its reply
+ * tuple (its SNAT port) after its last reply or start: the window of a
+ * SYN-ACK's first retransmission. Evicted unconfirmed flows are what a
+ * flood of spoofed new flows leaves, and each would otherwise hold a port
+ * for its whole timeout, so a few hundred spoofed SYNs a second would use
+ * up a backend's ports; this way they hold at most rate x 2 s. */
+#define CT_UNCONFIRMED_HOLD_NS (2 * NSEC_PER_SEC)
+
 /*
  * Does a flow whose forward half was evicted go on? While its backend
  * exists, and within its timeout by its reverse half's date: its last
  * reply, or its client's last packets (nat_keep_dated). The timeout is
- * the one its forward half would have had: an unconfirmed TCP flow's is
- * the transient one, a confirmed TCP flow's the established one (it may
- * be closing; the agent's view of it is gone with its forward half).
- * Losing a forward half therefore never frees a flow's reply tuple (its
- * SNAT port) before the flow could be over.
+ * the one its forward half would have had (a confirmed TCP flow's is the
+ * established one: it may be closing, but the agent's view of it is gone
+ * with its forward half); an unconfirmed flow's at most
+ * CT_UNCONFIRMED_HOLD_NS.
+ * Losing a forward half therefore never frees a confirmed flow's reply
+ * tuple (its SNAT port) before the flow could be over.
  */
 static __always_inline int evicted_flow_alive(const struct nat_key *key,
 					      const struct nat_entry *rev, __u64 now)
@@ -321,6 +330,8 @@ static __always_inline int evicted_flow_alive(const struct nat_key *key,
 		timeout = cfg->tcp_transient_timeout_ns;
 	else
 		timeout = cfg->tcp_established_timeout_ns;
+	if ((rev->flags & CT_F_UNCONFIRMED) && timeout > CT_UNCONFIRMED_HOLD_NS)
+		timeout = CT_UNCONFIRMED_HOLD_NS;
 	return time_since(READ_ONCE(rev->last_seen_ns), now) <= timeout;
 }
 
@@ -346,7 +357,12 @@ static __always_inline int reverse_holder_gone(const struct nat_key *key,
 	struct ct_entry *ct;
 
 	ct_key_of_nat(key, rev, &owner);
-	ct = ct_lookup(&owner);
+	/* One lookup, in the table the reverse half names: a flow confirmed
+	 * a moment ago, found in neither, is judged alive by its date. */
+	if (rev->flags & CT_F_UNCONFIRMED)
+		ct = bpf_map_lookup_elem(&ct_unconfirmed, &owner);
+	else
+		ct = bpf_map_lookup_elem(&conntrack, &owner);
 	if (!ct)
 		return !evicted_flow_alive(key, rev, now);
 	return (ct->flags & CT_F_SNAT) != snat || !ct_answers_to(ct, key) ||
