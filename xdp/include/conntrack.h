@@ -164,8 +164,8 @@ static __always_inline int ct_confirmed_by(const struct ct_entry *ct, __u8 proto
  * unconfirmed entry is deleted, so ct must not be used after a success.
  * Two CPUs confirming one flow at once write the same entry twice.
  */
-static __always_inline struct ct_entry *ct_confirm(const struct ct_key *key, const struct ct_entry *ct,
-						   __u64 now)
+static __always_inline struct ct_entry *ct_confirm(const struct ct_key *key,
+						   const struct ct_entry *ct, __u64 now)
 {
 	struct ct_entry *confirmed;
 

@@ -31,7 +31,7 @@ enum origin {
 enum flow_verdict {
 	FLOW_TRACKED,  /* follow res->ct, a live conntrack entry */
 	FLOW_NEW,      /* a new flow: res->ct points at res->fresh, tracked */
-	FLOW_PENDING,  /* an unconfirmed flow, touched and counted: res->ct points at a copy in res->fresh */
+	FLOW_PENDING,  /* an unconfirmed flow, touched, counted: res->ct points at a copy in res->fresh */
 	FLOW_REFUSE,   /* no usable backend: refuse the client */
 	FLOW_RESET,    /* mid-connection TCP that cannot go on: RST, counted as res->reason */
 	FLOW_DROP,     /* drop, counted as res->reason */
@@ -325,7 +325,8 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
  * the fast path and an eviction of its forward half is judged by the
  * confirmed flow's timeout (evicted_flow_alive).
  */
-static __always_inline void nat_confirm_reverse(const struct ct_key *flow, const struct ct_entry *ct)
+static __always_inline void nat_confirm_reverse(const struct ct_key *flow,
+						const struct ct_entry *ct)
 {
 	struct nat_entry *rev;
 	struct nat_key key;
@@ -357,14 +358,16 @@ static __always_inline void snat_keep_dated(const struct ct_key *flow, const str
  * FLOW_TRACKED, *ctp the confirmed entry. Otherwise the entry is touched
  * here (TCP state; once a second its date and its reverse half's, or for
  * a flow without SNAT its reply tuple, which may have been taken: then
- * the flow ends as in flow_touch) and the packet goes on with a copy of it in res->fresh
- * (FLOW_PENDING), so the hooks translate tracked packets from conntrack or
- * res->fresh only: each kind of entry the verifier follows through a
- * hook's whole path costs it a pass. An unconfirmed flow's next hop is
- * therefore looked up for each packet (a handshake's few). A SNAT flow's
- * port cannot be taken while it lives (evicted_flow_alive).
+ * the flow ends as in flow_touch) and the packet goes on with a copy of
+ * it in res->fresh (FLOW_PENDING), so the hooks translate tracked packets
+ * from conntrack or res->fresh only: each kind of entry the verifier
+ * follows through a hook's whole path costs it a pass. An unconfirmed
+ * flow's next hop is therefore looked up for each packet (a handshake's
+ * few). A SNAT flow's port cannot be taken while it lives
+ * (evicted_flow_alive).
  */
-static __always_inline enum flow_verdict flow_pending(const struct packet *pkt, struct ct_entry *pending,
+static __always_inline enum flow_verdict flow_pending(const struct packet *pkt,
+						      struct ct_entry *pending,
 						      const struct datapath_config *cfg, __u64 now,
 						      struct flow_result *res, struct ct_entry **ctp)
 {

@@ -139,7 +139,7 @@ enum ct_tcp_state {
 	CT_TCP_FIN = 1 << 2,         /* client FIN seen (a FIN either way, before the reply bit) */
 	CT_TCP_RST = 1 << 3,         /* RST seen in either direction */
 	CT_TCP_REPLY_FIN = 1 << 4,   /* backend FIN seen */
-	CT_TCP_REPLY = 1 << 5,       /* backend packet seen while unconfirmed (its SYN-ACK); UDP flows too */
+	CT_TCP_REPLY = 1 << 5,       /* unconfirmed, backend answered (its SYN-ACK); UDP flows too */
 };
 
 enum ct_flags {
@@ -312,7 +312,7 @@ enum stat {
 	STAT_RST_REPLY_TUPLE_TAKEN, /* the same, TCP mid-connection: RST sent */
 	STAT_DROP_CLIENT_RST,     /* a client's RST where a RST would be sent (reject_tcp, rst_*): never answered */
 	STAT_CT_CONFIRMED,        /* a flow confirmed: moved from ct_unconfirmed to conntrack */
-	STAT_DROP_NO_FLOW,        /* TCP without SYN, untracked, would need a SNAT port: never claims one */
+	STAT_DROP_NO_FLOW,        /* TCP without SYN, untracked, to a SNAT frontend: claims no port */
 	STAT_DROP_TUPLE_TAKEN,    /* the client tuple is a live flow of the other origin (spoofed) */
 	STAT_MAX,
 };

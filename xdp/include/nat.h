@@ -940,7 +940,8 @@ static __always_inline enum nat_check snat_check_port(const struct ct_key *flow,
  * gone (evicted), or took it over from this one, closed, with a SYN. That
  * flow keeps it (see dnat_put): NAT_TAKEN.
  */
-static __always_inline enum nat_check dnat_ensure(const struct ct_key *flow, const struct ct_entry *ct,
+static __always_inline enum nat_check dnat_ensure(const struct ct_key *flow,
+						  const struct ct_entry *ct,
 						  const struct datapath_config *cfg, __u64 now)
 {
 	struct nat_entry *found, entry;
