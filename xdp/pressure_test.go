@@ -23,6 +23,17 @@ func replyTo(sent packet.Frame, flags uint8) packet.Frame {
 		SrcPort: sent.DstPort, DstPort: sent.SrcPort, Flags: flags}
 }
 
+// openOneBackendFlow programs oneRemoteBackend and sends a client's SYN to
+// it: the SYN, and the frame that left for the backend (SNATed).
+func openOneBackendFlow(t *testing.T, f *fixture) (in, sent packet.Frame) {
+	t.Helper()
+	f.program(oneRemoteBackend())
+	in = tcpFrame(clientAddr, 7001, nodeAddr, 30100, packet.SYN, "")
+	r := f.run(in.Bytes(), f.nic0)
+	f.expectVerdict(r, xdpRedirect)
+	return in, decode(t, r.out)
+}
+
 // handshake completes the TCP handshake of the flow whose SYN in was sent
 // on as sent: the backend's SYN-ACK comes back, the client's ACK follows.
 func (f *fixture) handshake(in, sent packet.Frame) {
@@ -271,11 +282,7 @@ func TestFloodOfNewFlowsKeepsConfirmedFlows(t *testing.T) {
 func TestEvictedFlowKeepsItsSNATPort(t *testing.T) {
 	const ports = 4
 	f := newFixture(t, withSNATRange(snatMin, snatMin+ports-1))
-	f.program(oneRemoteBackend())
-	in := tcpFrame(clientAddr, 7001, nodeAddr, 30100, packet.SYN, "")
-	r := f.run(in.Bytes(), f.nic0)
-	f.expectVerdict(r, xdpRedirect)
-	sent := decode(t, r.out)
+	in, sent := openOneBackendFlow(t, f)
 	f.handshake(in, sent)
 	flow := f.mustFlow(flowKeyOf(in))
 	if err := f.dp.Maps.Conntrack.Delete(ctKeyOf(flow.Key())); err != nil {
@@ -299,7 +306,7 @@ func TestEvictedFlowKeepsItsSNATPort(t *testing.T) {
 
 	// The backend's reply rebuilds the flow, for its own client.
 	f.ageReverse(flow)
-	r = f.run(replyTo(sent, packet.ACK).Bytes(), f.nic1)
+	r := f.run(replyTo(sent, packet.ACK).Bytes(), f.nic1)
 	f.expectVerdict(r, xdpRedirect)
 	if back := decode(t, r.out); back.Dst != clientAddr || back.DstPort != in.SrcPort {
 		t.Fatalf("reply went to %v:%d, want the flow's client %v:%d", back.Dst, back.DstPort, clientAddr, in.SrcPort)
@@ -351,10 +358,7 @@ func TestSegmentWithoutStateClaimsNoSNATPort(t *testing.T) {
 // its client's ACK; not an established flow with the long timeout.
 func TestRebuiltFlowKeepsItsConfirmation(t *testing.T) {
 	f := newFixture(t)
-	f.program(oneRemoteBackend())
-	in := tcpFrame(clientAddr, 7001, nodeAddr, 30100, packet.SYN, "")
-	r := f.run(in.Bytes(), f.nic0)
-	sent := decode(t, r.out)
+	in, sent := openOneBackendFlow(t, f)
 	key := flowKeyOf(in)
 	if err := f.dp.Maps.CtUnconfirmed.Delete(ctKeyOf(key)); err != nil {
 		t.Fatal(err)
@@ -380,16 +384,14 @@ func TestRebuiltFlowKeepsItsConfirmation(t *testing.T) {
 // new connection: it follows the flow, whose backend may still send.
 func TestSYNDoesNotTakeOverAHalfClosedFlow(t *testing.T) {
 	f := newFixture(t)
-	f.program(oneRemoteBackend())
-	in := tcpFrame(clientAddr, 7001, nodeAddr, 30100, packet.SYN, "")
-	r := f.run(in.Bytes(), f.nic0)
-	sent := decode(t, r.out)
+	in, sent := openOneBackendFlow(t, f)
 	f.handshake(in, sent)
 	fin := in
 	fin.Flags = packet.FIN | packet.ACK
 	f.expectVerdict(f.run(fin.Bytes(), f.nic0), xdpRedirect)
 	flow := f.mustFlow(flowKeyOf(in))
 
+	var r result
 	f.expectCounters(map[string]uint64{"redirect": 1}, func() {
 		r = f.run(in.Bytes(), f.nic0)
 	})
