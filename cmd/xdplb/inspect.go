@@ -295,6 +295,14 @@ func statusAction() cli.ActionFunc {
 			routes = "new flows reuse their backend's route for up to a second (the agent found that the node routes by destination alone)"
 		}
 		fmt.Fprintf(w, "Routes:    %s\n", routes)
+		if fl := st.Flood; fl != nil {
+			var ports []string
+			for _, p := range fl.Ports {
+				ports = append(ports, fmt.Sprintf("%s %d", p.Service, p.Unconfirmed))
+			}
+			fmt.Fprintf(w, "Flood:     ct_unconfirmed %.0f%% full: new flows displace each other (confirmed flows are kept); unconfirmed flows: %s\n",
+				fl.Percent, strings.Join(ports, ", "))
+		}
 		fmt.Fprintln(w)
 		tw := table(w)
 		fmt.Fprintln(tw, "INTERFACE\tHOOK\tMODE\tPROGRAM\tID\tBUILD")

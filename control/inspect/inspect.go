@@ -70,6 +70,30 @@ type Status struct {
 	Problems    uint32       `json:"problems"`
 	Datapath    Settings     `json:"datapath"`
 	Counters    []Counter    `json:"counters"`
+	// Flood is set while new flows displace each other (see Flood).
+	Flood *Flood `json:"flood,omitempty"`
+}
+
+// FloodPercent is how full the table of unconfirmed flows is when status
+// reports a flood: new flows, spoofed or not, then evict each other
+// (confirmed flows are safe in their own table).
+const FloodPercent = 90
+
+// FloodPortsShown is how many service ports a flood report names.
+const FloodPortsShown = 5
+
+// Flood is a flood of new flows: the table of unconfirmed flows is at
+// least FloodPercent full. Ports are the service ports with the most
+// unconfirmed flows, most first, at most FloodPortsShown.
+type Flood struct {
+	Percent float64     `json:"percent"`
+	Ports   []FloodPort `json:"servicePorts"`
+}
+
+// FloodPort is a service port's share of the unconfirmed flows.
+type FloodPort struct {
+	Service     string `json:"service"`
+	Unconfirmed int    `json:"unconfirmedFlows"`
 }
 
 // Settings are the datapath's run-time settings, as the agent wrote them
@@ -116,6 +140,9 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 		st.Maps = append(st.Maps, u)
 	}
 	slices.SortFunc(st.Maps, func(a, b MapUse) int { return cmp.Compare(a.Name, b.Name) })
+	if st.Flood, err = flood(dp, st.Maps); err != nil {
+		return st, err
+	}
 	as, err := dp.AgentState()
 	if err != nil {
 		return st, err
@@ -457,4 +484,41 @@ func ParseAddrPort(s string) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("%q: want IPv4:PORT", s)
 	}
 	return ap, nil
+}
+
+// flood reports a flood of new flows when the table of unconfirmed flows
+// is at least FloodPercent full (nil otherwise), with the service ports
+// that hold most of it.
+func flood(dp *dataplane.Dataplane, maps []MapUse) (*Flood, error) {
+	i := slices.IndexFunc(maps, func(m MapUse) bool { return m.Name == "ct_unconfirmed" })
+	if i < 0 || maps[i].Percent < FloodPercent {
+		return nil, nil
+	}
+	names, err := dp.ServiceNames()
+	if err != nil {
+		return nil, err
+	}
+	perPort := map[uint32]int{}
+	err = dp.Flows(func(f dataplane.Flow) bool {
+		if f.Unconfirmed {
+			perPort[f.SvcID]++
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	fl := &Flood{Percent: maps[i].Percent}
+	for id, n := range perPort {
+		name := names[id]
+		if name == "" {
+			name = fmt.Sprintf("service port %d", id)
+		}
+		fl.Ports = append(fl.Ports, FloodPort{Service: name, Unconfirmed: n})
+	}
+	slices.SortFunc(fl.Ports, func(a, b FloodPort) int {
+		return cmp.Or(cmp.Compare(b.Unconfirmed, a.Unconfirmed), cmp.Compare(a.Service, b.Service))
+	})
+	fl.Ports = fl.Ports[:min(len(fl.Ports), FloodPortsShown)]
+	return fl, nil
 }

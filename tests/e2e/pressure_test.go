@@ -160,6 +160,22 @@ func TestEstablishedConnectionsSurviveFloods(t *testing.T) {
 		if got := s.newFlowAttempts() - before; got < 9*floodConntrackMax {
 			t.Fatalf("%s: the datapath saw %d new flows of %d packets sent, want nearly %d", fl.name, got, sent, 10*floodConntrackMax)
 		}
+		if fl.proto == packet.TCP {
+			// `xdplb status` says so, and names the port.
+			var st struct {
+				Flood *struct {
+					Ports []struct {
+						Service string `json:"service"`
+					} `json:"servicePorts"`
+				} `json:"flood"`
+			}
+			if err := json.Unmarshal([]byte(s.cli("status", "-o", "json")), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Flood == nil || len(st.Flood.Ports) == 0 || st.Flood.Ports[0].Service != "default/shop:lines/TCP" {
+				t.Errorf("%s: status reports the flood as %+v, want it on default/shop:lines/TCP", fl.name, st.Flood)
+			}
+		}
 		for i, c := range conns {
 			name, err := c.line.Ask()
 			if err != nil {
