@@ -76,8 +76,10 @@ type Status struct {
 
 // FloodPercent is how full the table of unconfirmed flows is when status
 // reports a flood: new flows, spoofed or not, then evict each other
-// (confirmed flows are safe in their own table).
-const FloodPercent = 90
+// (confirmed flows are safe in their own table). An LRU map under churn
+// never counts all its entries (each CPU keeps some free), least of all a
+// small one: a table of 1024 flooded with ten times that counts 80-90%.
+const FloodPercent = 75
 
 // FloodPortsShown is how many service ports a flood report names.
 const FloodPortsShown = 5

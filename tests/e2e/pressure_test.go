@@ -173,7 +173,8 @@ func TestEstablishedConnectionsSurviveFloods(t *testing.T) {
 				t.Fatal(err)
 			}
 			if st.Flood == nil || len(st.Flood.Ports) == 0 || st.Flood.Ports[0].Service != "default/shop:lines/TCP" {
-				t.Errorf("%s: status reports the flood as %+v, want it on default/shop:lines/TCP", fl.name, st.Flood)
+				t.Errorf("%s: status reports the flood as %+v, want it on default/shop:lines/TCP\n%s", fl.name, st.Flood,
+					s.cli("status"))
 			}
 		}
 		for i, c := range conns {
