@@ -328,12 +328,9 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 static __always_inline void nat_confirm_reverse(const struct ct_key *flow,
 						const struct ct_entry *ct)
 {
-	struct nat_entry *rev;
-	struct nat_key key;
+	struct nat_entry *rev = reverse_of_flow(flow, ct);
 
-	nat_key_of(flow, ct, &key);
-	rev = reverse_lookup(&key);
-	if (rev && nat_entry_matches(rev, flow))
+	if (rev)
 		nat_confirm_entry(rev);
 }
 
@@ -343,12 +340,9 @@ static __always_inline void nat_confirm_reverse(const struct ct_key *flow,
 static __always_inline void snat_keep_dated(const struct ct_key *flow, const struct ct_entry *ct,
 					    const struct datapath_config *cfg, __u64 now)
 {
-	struct nat_entry *rev;
-	struct nat_key key;
+	struct nat_entry *rev = reverse_of_flow(flow, ct);
 
-	nat_key_of(flow, ct, &key);
-	rev = reverse_lookup(&key);
-	if (rev && nat_entry_matches(rev, flow))
+	if (rev)
 		nat_keep_dated(rev, cfg, now);
 }
 

@@ -507,6 +507,19 @@ static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *ke
 	return bpf_map_lookup_elem(&nat, key);
 }
 
+/* The reverse half of a forward entry, if it is still that flow's; NULL
+ * otherwise. */
+static __always_inline struct nat_entry *reverse_of_flow(const struct ct_key *flow,
+							 const struct ct_entry *ct)
+{
+	struct nat_entry *rev;
+	struct nat_key key;
+
+	nat_key_of(flow, ct, &key);
+	rev = reverse_lookup(&key);
+	return rev && nat_entry_matches(rev, flow) ? rev : NULL;
+}
+
 /* Mark a reverse half confirmed, once its flow is (see ct_unconfirmed). */
 static __always_inline void nat_confirm_entry(struct nat_entry *rev)
 {
@@ -932,8 +945,6 @@ static __always_inline enum nat_check snat_check_port(const struct ct_key *flow,
 	return check;
 }
 
-/* Make sure a live forward entry still has its reverse half (dating it:
- * nat_keep_dated). */
 /*
  * nat_ensure for a flow without SNAT. Its reply tuple is fixed: this
  * flow's, unless another flow took it while this one's reverse half was
@@ -964,6 +975,8 @@ static __always_inline enum nat_check dnat_ensure(const struct ct_key *flow,
 	}
 }
 
+/* Make sure a live forward entry still has its reverse half (dating it:
+ * nat_keep_dated). */
 static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, struct ct_entry *ct,
 						 const struct datapath_config *cfg, __u64 now)
 {
