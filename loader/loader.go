@@ -32,6 +32,7 @@ type Maps struct {
 	Conntrack        *ebpf.Map // confirmed flows
 	CtUnconfirmed    *ebpf.Map // flows not confirmed yet; nil in pins of an earlier version
 	NAT              *ebpf.Map
+	NATUnconfirmed   *ebpf.Map // reverse halves of unconfirmed flows without SNAT; nil in pins of an earlier version
 	SNATSlots        *ebpf.Map
 	SNATBucketHints  *ebpf.Map
 	SNATBucketHands  *ebpf.Map
@@ -42,6 +43,8 @@ type Maps struct {
 	SvcNames         *ebpf.Map
 	AgentState       *ebpf.Map
 	RouteReuse       *ebpf.Map
+	SYNProxyFlows    *ebpf.Map // sequence offsets of flows the SYN proxy opened; nil in pins of an earlier version
+	SYNFloods        *ebpf.Map // handshake counts by service port; nil in pins of an earlier version
 }
 
 // newFlowRoutes is the pinned map of routes new flows reuse (a cache).
@@ -49,7 +52,8 @@ const newFlowRoutes = "new_flow_routes"
 
 // optionalMaps are maps OpenPinned may find missing: a datapath pinned by
 // an earlier version, before they existed, is still inspected.
-var optionalMaps = map[string]bool{"route_reuse": true, "ct_unconfirmed": true}
+var optionalMaps = map[string]bool{"route_reuse": true, "ct_unconfirmed": true,
+	"synproxy_flows": true, "syn_floods": true, "nat_unconfirmed": true}
 
 // byName maps the C names of the maps to their handles.
 func (m *Maps) byName() map[string]**ebpf.Map {
@@ -67,6 +71,7 @@ func (m *Maps) byName() map[string]**ebpf.Map {
 		"conntrack":          &m.Conntrack,
 		"ct_unconfirmed":     &m.CtUnconfirmed,
 		"nat":                &m.NAT,
+		"nat_unconfirmed":    &m.NATUnconfirmed,
 		"snat_slots":         &m.SNATSlots,
 		"snat_bucket_hints":  &m.SNATBucketHints,
 		"snat_bucket_hands":  &m.SNATBucketHands,
@@ -76,6 +81,8 @@ func (m *Maps) byName() map[string]**ebpf.Map {
 		"svc_stats":          &m.SvcStats,
 		"svc_names":          &m.SvcNames,
 		"agent":              &m.AgentState,
+		"synproxy_flows":     &m.SYNProxyFlows,
+		"syn_floods":         &m.SYNFloods,
 	}
 }
 
@@ -348,6 +355,8 @@ func (d *Datapath) writeConfig() error {
 		SnatBuckets:             d.opts.SNATBuckets(),
 		NetnsCookie:             netnsCookie(),
 		IcmpIntervalNs:          icmpInterval(d.opts.ICMPRate),
+		SynCookies:              uint32(d.opts.SYNCookies),
+		SynFloodThreshold:       d.opts.SYNFloodThreshold,
 		// SnatSpillsMarked stays 0: the datapath may run over maps an
 		// older version spilled into without marking; the agent lets it
 		// trust the marks once it has checked (dataplane.TrustSNATSpillMarks).
@@ -375,7 +384,10 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) error {
 		"source_ranges":      opts.SourceRangesMax,
 		"conntrack":          opts.ConntrackMax,
 		"ct_unconfirmed":     opts.UnconfirmedFlows(),
+		"synproxy_flows":     opts.UnconfirmedFlows(), // flows opened under a SYN flood: see SYNProxyFlows
+		"syn_floods":         opts.ServicesMax,
 		"nat":                opts.NATMax,
+		"nat_unconfirmed":    opts.UnconfirmedFlows(),
 		"snat_slots":         opts.SNATSlots(),
 		"snat_bucket_hands":  opts.SNATBuckets(),
 		"snat_backend_hands": opts.BackendsMax,

@@ -12,6 +12,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netlink"
+
+	"github.com/xdplb/xdplb/xdp"
 )
 
 // DefaultPinRoot is where bpffs is mounted on a normal host.
@@ -48,6 +50,14 @@ type Options struct {
 	// limits its own errors (fragmentation needed is never limited);
 	// 0: no limit.
 	ICMPRate uint32
+	// SYNCookies is when the XDP program answers SYNs to external
+	// frontends with SYN cookies and proxies the handshakes that
+	// answer them (see xdp/include/synproxy.h).
+	SYNCookies SYNCookieMode
+	// SYNFloodThreshold is, with SYNCookiesAuto, how many handshakes a
+	// service port may leave incomplete within a second before its SYNs
+	// are answered with cookies.
+	SYNFloodThreshold uint32
 
 	// faults stand in for system calls tests make fail; nil makes the
 	// real ones (a pointer keeps Options comparable).
@@ -90,6 +100,37 @@ func (f *faults) rename(from, to string) error {
 	return os.Rename(from, to)
 }
 
+// SYNCookieMode says when SYNs are answered with SYN cookies.
+type SYNCookieMode uint32
+
+// The SYN cookie modes: enum syn_cookie_mode in xdp/include/maps.h.
+const (
+	SYNCookiesOff    = SYNCookieMode(xdp.NicSynCookieModeSYN_COOKIES_OFF)
+	SYNCookiesAuto   = SYNCookieMode(xdp.NicSynCookieModeSYN_COOKIES_AUTO)
+	SYNCookiesAlways = SYNCookieMode(xdp.NicSynCookieModeSYN_COOKIES_ALWAYS)
+)
+
+var synCookieModeNames = map[SYNCookieMode]string{
+	SYNCookiesOff: "off", SYNCookiesAuto: "auto", SYNCookiesAlways: "always",
+}
+
+func (m SYNCookieMode) String() string {
+	if name, ok := synCookieModeNames[m]; ok {
+		return name
+	}
+	return fmt.Sprintf("SYNCookieMode(%d)", uint32(m))
+}
+
+// ParseSYNCookieMode reads a mode by its name: off, auto or always.
+func ParseSYNCookieMode(name string) (SYNCookieMode, error) {
+	for m, n := range synCookieModeNames {
+		if n == name {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("SYN cookie mode %q is not one of off, auto, always", name)
+}
+
 // MaxICMPRate is the highest ICMPRate: one error a nanosecond.
 const MaxICMPRate = uint32(time.Second)
 
@@ -117,6 +158,8 @@ func DefaultOptions() Options {
 		SNATPortMax:           60999,
 		HairpinAddr:           netip.MustParseAddr("169.254.42.1"),
 		ICMPRate:              1000,
+		SYNCookies:            SYNCookiesAuto,
+		SYNFloodThreshold:     1000,
 	}
 }
 
@@ -181,6 +224,12 @@ func (o Options) Validate() error {
 	}
 	if o.SNATPortMin == 0 || o.SNATPortMin > o.SNATPortMax {
 		errs = append(errs, fmt.Errorf("SNAT port range %d-%d is empty", o.SNATPortMin, o.SNATPortMax))
+	}
+	if _, ok := synCookieModeNames[o.SYNCookies]; !ok {
+		errs = append(errs, fmt.Errorf("SYN cookie mode %d is unknown", uint32(o.SYNCookies)))
+	}
+	if o.SYNCookies == SYNCookiesAuto && o.SYNFloodThreshold == 0 {
+		errs = append(errs, errors.New("SYN flood threshold must be at least 1 (SYN cookies always: mode always)"))
 	}
 	if o.ICMPRate > MaxICMPRate {
 		errs = append(errs, fmt.Errorf("ICMP rate %d is above %d a second", o.ICMPRate, MaxICMPRate))

@@ -58,9 +58,12 @@ func migrations(opts Options, hints *ebpf.Map) map[string]migration {
 
 		"conntrack":      copyRecentFirst[xdp.NicCtKey](ctLastSeen),
 		"ct_unconfirmed": copyRecentFirst[xdp.NicCtKey](ctLastSeen),
-		"nat":            copyRecentFirst[xdp.NicNatKey](func(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }),
-		"affinity":       copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
-		"snat_slots":     func(from, to *ebpf.Map) (int, int, error) { return copySNATSlots(from, to, opts, hints) },
+		// Without its offset, a flow the SYN proxy opened cannot go on.
+		"synproxy_flows":  copyEntries[xdp.NicCtKey, xdp.NicSynproxySeq],
+		"nat":             copyRecentFirst[xdp.NicNatKey](natLastSeen),
+		"nat_unconfirmed": copyRecentFirst[xdp.NicNatKey](natLastSeen),
+		"affinity":        copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
+		"snat_slots":      func(from, to *ebpf.Map) (int, int, error) { return copySNATSlots(from, to, opts, hints) },
 
 		"frontends":          copyEntries[xdp.NicFrontendKey, xdp.NicFrontend],
 		"backends":           copyEntries[uint32, xdp.NicBackend],
@@ -70,6 +73,9 @@ func migrations(opts Options, hints *ebpf.Map) map[string]migration {
 		"svc_names":          copyEntries[uint32, xdp.NicSvcName],
 	}
 }
+
+// natLastSeen dates a reverse half for copyRecentFirst.
+func natLastSeen(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }
 
 // copyEntries is the migration of a map of K to V that the control plane
 // fills: every entry that holds a value (an array's slots are all there;

@@ -333,6 +333,12 @@ func BenchmarkDatapath(b *testing.B) {
 	e.run(b, results, "established_snat_tx", e.restoring(b, nic, estTX.Bytes(), false), "baseline_macswap", expect("tx"))
 	e.run(b, results, "reply_reverse_nat", e.restoring(b, nic, reply, false), "baseline_macswap", expect("reverse_nat"))
 	e.run(b, results, "new_flow_ct_full", e.restoring(b, nic, newFlow, true), "baseline_macswap", expect("new_flow"))
+	// A spoofed SYN under a SYN flood: answered with a cookie, no state.
+	f.setSYNCookies(loader.SYNCookiesAlways, 0)
+	spoofedSYN := tcpFrame(netip.MustParseAddr("198.18.0.1"), 40000, nodeAddr, nodePort, packet.SYN, "")
+	spoofedSYN.TCPOptions = packet.MSSOption(1460)
+	e.run(b, results, "syn_cookie", e.restoring(b, nic, spoofedSYN.Bytes(), true), "baseline_macswap", expect("syncookie_sent"))
+	f.setSYNCookies(loader.SYNCookiesOff, 0)
 	// The floor: one insert into a full LRU map shaped like conntrack.
 	floor := e.restoring(b, e.baseline.XdpLruInsert, newFlow, true)
 	e.measure(b, []benchRun{floor}, 65536+4096)
@@ -344,6 +350,7 @@ func BenchmarkDatapath(b *testing.B) {
 		{"established_snat_tx", "baseline_macswap", 6},
 		{"reply_reverse_nat", "baseline_macswap", 6},
 		{"new_flow_ct_full", "baseline_macswap", 40},
+		{"syn_cookie", "baseline_macswap", 15},
 		{"lru_insert_floor", "baseline_macswap", 0},
 		{"new_flow_ct_full", "lru_insert_floor", 0},
 	})

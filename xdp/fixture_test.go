@@ -114,6 +114,9 @@ func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32, fopts ...f
 	opts.SourceRangesMax = 64
 	opts.SNATPortMin = snatMin
 	opts.SNATPortMax = snatMax
+	// Flood tests fill ct_unconfirmed with SYNs: SYN cookies are the
+	// SYN proxy tests' (setSYNCookies).
+	opts.SYNCookies = loader.SYNCookiesOff
 	for _, o := range fopts {
 		o(&opts)
 	}

@@ -79,7 +79,7 @@ type NicCtEntry struct {
 	NatPort     uint16
 	TcpState    uint8
 	Flags       uint8
-	Pad         uint16
+	SeqMark     uint16
 }
 
 type NicCtFlags uint32
@@ -91,6 +91,7 @@ const (
 	NicCtFlagsCT_F_HOST        NicCtFlags = 8
 	NicCtFlagsCT_F_ENDED       NicCtFlags = 16
 	NicCtFlagsCT_F_UNCONFIRMED NicCtFlags = 32
+	NicCtFlagsCT_F_SYNPROXY    NicCtFlags = 64
 )
 
 type NicCtKey struct {
@@ -112,6 +113,7 @@ const (
 	NicCtTcpStateCT_TCP_RST         NicCtTcpState = 8
 	NicCtTcpStateCT_TCP_REPLY_FIN   NicCtTcpState = 16
 	NicCtTcpStateCT_TCP_REPLY       NicCtTcpState = 32
+	NicCtTcpStateCT_TCP_SEQ_KNOWN   NicCtTcpState = 64
 )
 
 type NicDatapathConfig struct {
@@ -127,11 +129,13 @@ type NicDatapathConfig struct {
 	NetnsCookie             uint64
 	SnatSpillsMarked        uint32
 	IcmpIntervalNs          uint32
+	SynCookies              uint32
+	SynFloodThreshold       uint32
 }
 
 type NicFlowScratchBuf struct {
 	_     structs.HostLayout
-	Bytes [144]uint8
+	Bytes [152]uint8
 }
 
 type NicFragEntry struct {
@@ -201,14 +205,15 @@ type NicNatEntry struct {
 		Dmac    [6]uint8
 		Smac    [6]uint8
 	}
-	ClientAddr   uint32
-	FrontendAddr uint32
-	ClientPort   uint16
-	FrontendPort uint16
-	BackendId    uint32
-	SvcId        uint32
-	Flags        uint8
-	Pad          [3]uint8
+	ClientAddr    uint32
+	FrontendAddr  uint32
+	ClientPort    uint16
+	FrontendPort  uint16
+	BackendId     uint32
+	SvcId         uint32
+	Flags         uint8
+	ReplySeqKnown uint8
+	ReplySeqMark  uint16
 }
 
 type NicNatKey struct {
@@ -343,7 +348,14 @@ const (
 	NicStatSTAT_CT_CONFIRMED           NicStat = 46
 	NicStatSTAT_DROP_NO_FLOW           NicStat = 47
 	NicStatSTAT_DROP_TUPLE_TAKEN       NicStat = 48
-	NicStatSTAT_MAX                    NicStat = 49
+	NicStatSTAT_SYNCOOKIE_SENT         NicStat = 49
+	NicStatSTAT_SYNCOOKIE_VALID        NicStat = 50
+	NicStatSTAT_SYNPROXY_ACK           NicStat = 51
+	NicStatSTAT_DROP_SYNPROXY_PENDING  NicStat = 52
+	NicStatSTAT_DROP_SYNPROXY_LOST     NicStat = 53
+	NicStatSTAT_DROP_RST_OUT_OF_WINDOW NicStat = 54
+	NicStatSTAT_DROP_FIN_OUT_OF_WINDOW NicStat = 55
+	NicStatSTAT_MAX                    NicStat = 56
 )
 
 type NicSvcCounter struct {
@@ -356,6 +368,33 @@ type NicSvcCounter struct {
 type NicSvcName struct {
 	_   structs.HostLayout
 	Key [248]int8
+}
+
+type NicSynCookieMode uint32
+
+const (
+	NicSynCookieModeSYN_COOKIES_OFF    NicSynCookieMode = 0
+	NicSynCookieModeSYN_COOKIES_AUTO   NicSynCookieMode = 1
+	NicSynCookieModeSYN_COOKIES_ALWAYS NicSynCookieMode = 2
+)
+
+type NicSynFlood struct {
+	_                structs.HostLayout
+	WindowNs         uint64
+	Opened           uint32
+	Completed        uint32
+	IncompleteBefore uint32
+	Pad              uint32
+}
+
+type NicSynproxySeq struct {
+	_         structs.HostLayout
+	Cookie    uint32
+	ClientIsn uint32
+	SeqOffset uint32
+	Mss       uint16
+	Answered  uint8
+	Pad       uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -377,6 +416,7 @@ const (
 	NicMapIfaces           = "ifaces"
 	NicMapMaglevTables     = "maglev_tables"
 	NicMapNat              = "nat"
+	NicMapNatUnconfirmed   = "nat_unconfirmed"
 	NicMapNewFlowRoutes    = "new_flow_routes"
 	NicMapRouteReuse       = "route_reuse"
 	NicMapSnatBackendHands = "snat_backend_hands"
@@ -388,6 +428,8 @@ const (
 	NicMapStats            = "stats"
 	NicMapSvcNames         = "svc_names"
 	NicMapSvcStats         = "svc_stats"
+	NicMapSynFloods        = "syn_floods"
+	NicMapSynproxyFlows    = "synproxy_flows"
 	NicMapTxPorts          = "tx_ports"
 	NicProgXdplbNic        = "xdplb_nic"
 	NicVarDatapathFlagsBtf = "datapath_flags_btf"
@@ -457,6 +499,7 @@ type NicMapSpecs struct {
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
+	NatUnconfirmed   *ebpf.MapSpec `ebpf:"nat_unconfirmed"`
 	NewFlowRoutes    *ebpf.MapSpec `ebpf:"new_flow_routes"`
 	RouteReuse       *ebpf.MapSpec `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
@@ -468,6 +511,8 @@ type NicMapSpecs struct {
 	Stats            *ebpf.MapSpec `ebpf:"stats"`
 	SvcNames         *ebpf.MapSpec `ebpf:"svc_names"`
 	SvcStats         *ebpf.MapSpec `ebpf:"svc_stats"`
+	SynFloods        *ebpf.MapSpec `ebpf:"syn_floods"`
+	SynproxyFlows    *ebpf.MapSpec `ebpf:"synproxy_flows"`
 	TxPorts          *ebpf.MapSpec `ebpf:"tx_ports"`
 }
 
@@ -513,6 +558,7 @@ type NicMaps struct {
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
+	NatUnconfirmed   *ebpf.Map `ebpf:"nat_unconfirmed"`
 	NewFlowRoutes    *ebpf.Map `ebpf:"new_flow_routes"`
 	RouteReuse       *ebpf.Map `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
@@ -524,6 +570,8 @@ type NicMaps struct {
 	Stats            *ebpf.Map `ebpf:"stats"`
 	SvcNames         *ebpf.Map `ebpf:"svc_names"`
 	SvcStats         *ebpf.Map `ebpf:"svc_stats"`
+	SynFloods        *ebpf.Map `ebpf:"syn_floods"`
+	SynproxyFlows    *ebpf.Map `ebpf:"synproxy_flows"`
 	TxPorts          *ebpf.Map `ebpf:"tx_ports"`
 }
 
@@ -544,6 +592,7 @@ func (m *NicMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.NatUnconfirmed,
 		m.NewFlowRoutes,
 		m.RouteReuse,
 		m.SnatBackendHands,
@@ -555,6 +604,8 @@ func (m *NicMaps) Close() error {
 		m.Stats,
 		m.SvcNames,
 		m.SvcStats,
+		m.SynFloods,
+		m.SynproxyFlows,
 		m.TxPorts,
 	)
 }

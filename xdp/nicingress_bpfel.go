@@ -31,6 +31,7 @@ const (
 	NicIngressMapIfaces           = "ifaces"
 	NicIngressMapMaglevTables     = "maglev_tables"
 	NicIngressMapNat              = "nat"
+	NicIngressMapNatUnconfirmed   = "nat_unconfirmed"
 	NicIngressMapNewFlowRoutes    = "new_flow_routes"
 	NicIngressMapRouteReuse       = "route_reuse"
 	NicIngressMapSnatBackendHands = "snat_backend_hands"
@@ -42,6 +43,8 @@ const (
 	NicIngressMapStats            = "stats"
 	NicIngressMapSvcNames         = "svc_names"
 	NicIngressMapSvcStats         = "svc_stats"
+	NicIngressMapSynFloods        = "syn_floods"
+	NicIngressMapSynproxyFlows    = "synproxy_flows"
 	NicIngressMapTxPorts          = "tx_ports"
 	NicIngressProgXdplbNicIngress = "xdplb_nic_ingress"
 	NicIngressVarDatapathFlagsBtf = "datapath_flags_btf"
@@ -111,6 +114,7 @@ type NicIngressMapSpecs struct {
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
+	NatUnconfirmed   *ebpf.MapSpec `ebpf:"nat_unconfirmed"`
 	NewFlowRoutes    *ebpf.MapSpec `ebpf:"new_flow_routes"`
 	RouteReuse       *ebpf.MapSpec `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
@@ -122,6 +126,8 @@ type NicIngressMapSpecs struct {
 	Stats            *ebpf.MapSpec `ebpf:"stats"`
 	SvcNames         *ebpf.MapSpec `ebpf:"svc_names"`
 	SvcStats         *ebpf.MapSpec `ebpf:"svc_stats"`
+	SynFloods        *ebpf.MapSpec `ebpf:"syn_floods"`
+	SynproxyFlows    *ebpf.MapSpec `ebpf:"synproxy_flows"`
 	TxPorts          *ebpf.MapSpec `ebpf:"tx_ports"`
 }
 
@@ -167,6 +173,7 @@ type NicIngressMaps struct {
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
+	NatUnconfirmed   *ebpf.Map `ebpf:"nat_unconfirmed"`
 	NewFlowRoutes    *ebpf.Map `ebpf:"new_flow_routes"`
 	RouteReuse       *ebpf.Map `ebpf:"route_reuse"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
@@ -178,6 +185,8 @@ type NicIngressMaps struct {
 	Stats            *ebpf.Map `ebpf:"stats"`
 	SvcNames         *ebpf.Map `ebpf:"svc_names"`
 	SvcStats         *ebpf.Map `ebpf:"svc_stats"`
+	SynFloods        *ebpf.Map `ebpf:"syn_floods"`
+	SynproxyFlows    *ebpf.Map `ebpf:"synproxy_flows"`
 	TxPorts          *ebpf.Map `ebpf:"tx_ports"`
 }
 
@@ -198,6 +207,7 @@ func (m *NicIngressMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.NatUnconfirmed,
 		m.NewFlowRoutes,
 		m.RouteReuse,
 		m.SnatBackendHands,
@@ -209,6 +219,8 @@ func (m *NicIngressMaps) Close() error {
 		m.Stats,
 		m.SvcNames,
 		m.SvcStats,
+		m.SynFloods,
+		m.SynproxyFlows,
 		m.TxPorts,
 	)
 }

@@ -30,6 +30,7 @@ const (
 	SockMapIfaces             = "ifaces"
 	SockMapMaglevTables       = "maglev_tables"
 	SockMapNat                = "nat"
+	SockMapNatUnconfirmed     = "nat_unconfirmed"
 	SockMapSnatBackendHands   = "snat_backend_hands"
 	SockMapSnatBucketHands    = "snat_bucket_hands"
 	SockMapSnatBucketHints    = "snat_bucket_hints"
@@ -39,6 +40,8 @@ const (
 	SockMapStats              = "stats"
 	SockMapSvcNames           = "svc_names"
 	SockMapSvcStats           = "svc_stats"
+	SockMapSynFloods          = "syn_floods"
+	SockMapSynproxyFlows      = "synproxy_flows"
 	SockMapTxPorts            = "tx_ports"
 	SockProgXdplbConnect4     = "xdplb_connect4"
 	SockProgXdplbConnect6     = "xdplb_connect6"
@@ -119,6 +122,7 @@ type SockMapSpecs struct {
 	Ifaces           *ebpf.MapSpec `ebpf:"ifaces"`
 	MaglevTables     *ebpf.MapSpec `ebpf:"maglev_tables"`
 	Nat              *ebpf.MapSpec `ebpf:"nat"`
+	NatUnconfirmed   *ebpf.MapSpec `ebpf:"nat_unconfirmed"`
 	SnatBackendHands *ebpf.MapSpec `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
@@ -128,6 +132,8 @@ type SockMapSpecs struct {
 	Stats            *ebpf.MapSpec `ebpf:"stats"`
 	SvcNames         *ebpf.MapSpec `ebpf:"svc_names"`
 	SvcStats         *ebpf.MapSpec `ebpf:"svc_stats"`
+	SynFloods        *ebpf.MapSpec `ebpf:"syn_floods"`
+	SynproxyFlows    *ebpf.MapSpec `ebpf:"synproxy_flows"`
 	TxPorts          *ebpf.MapSpec `ebpf:"tx_ports"`
 }
 
@@ -172,6 +178,7 @@ type SockMaps struct {
 	Ifaces           *ebpf.Map `ebpf:"ifaces"`
 	MaglevTables     *ebpf.Map `ebpf:"maglev_tables"`
 	Nat              *ebpf.Map `ebpf:"nat"`
+	NatUnconfirmed   *ebpf.Map `ebpf:"nat_unconfirmed"`
 	SnatBackendHands *ebpf.Map `ebpf:"snat_backend_hands"`
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
@@ -181,6 +188,8 @@ type SockMaps struct {
 	Stats            *ebpf.Map `ebpf:"stats"`
 	SvcNames         *ebpf.Map `ebpf:"svc_names"`
 	SvcStats         *ebpf.Map `ebpf:"svc_stats"`
+	SynFloods        *ebpf.Map `ebpf:"syn_floods"`
+	SynproxyFlows    *ebpf.Map `ebpf:"synproxy_flows"`
 	TxPorts          *ebpf.Map `ebpf:"tx_ports"`
 }
 
@@ -200,6 +209,7 @@ func (m *SockMaps) Close() error {
 		m.Ifaces,
 		m.MaglevTables,
 		m.Nat,
+		m.NatUnconfirmed,
 		m.SnatBackendHands,
 		m.SnatBucketHands,
 		m.SnatBucketHints,
@@ -209,6 +219,8 @@ func (m *SockMaps) Close() error {
 		m.Stats,
 		m.SvcNames,
 		m.SvcStats,
+		m.SynFloods,
+		m.SynproxyFlows,
 		m.TxPorts,
 	)
 }

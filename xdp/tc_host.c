@@ -58,19 +58,20 @@ static __always_inline int host_reply(struct __sk_buff *skb, struct packet *pkt)
 	struct nat_key key;
 	__be32 frontend_addr;
 	__be16 frontend_port;
+	enum stat reason;
 	__u32 svc_id;
 
 	/* Keyed by the reply's own tuple (host flows are not source-NATed;
 	 * reverse_lookup finds a SNAT slot's entry all the same). */
 	nat_key_set(&key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
-	rev = reverse_lookup(&key);
+	rev = reverse_lookup(&key, 1);
 	if (!rev || !(rev->flags & CT_F_HOST))
 		return TC_ACT_UNSPEC;
 	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == (TCP_FLAG_SYN | TCP_FLAG_ACK) &&
 	    !answers_live_flow(&key, rev, now))
 		return TC_ACT_UNSPEC;
-	if (reverse_touch(&key, rev, pkt, now)) {
-		count(STAT_DROP_STALE_NAT, skb->len);
+	if (reverse_touch(&key, rev, pkt, now, &reason)) {
+		count(reason, skb->len);
 		return TC_ACT_SHOT;
 	}
 	svc_id = rev->svc_id;
@@ -120,7 +121,7 @@ static __always_inline int host_icmp_error(struct __sk_buff *skb, const struct p
 	if (!icmp_is_error(&e.icmp) || !icmp_quote_usable(&e.quote, pkt))
 		return TC_ACT_UNSPEC;
 	icmp_quoted_reply(&e.quote, &key);
-	rev = reverse_lookup(&key);
+	rev = reverse_lookup(&key, 1);
 	if (!rev || !answers_live_flow(&key, rev, bpf_ktime_get_coarse_ns()))
 		return TC_ACT_UNSPEC;
 	icmp_forward_rewrite(pkt, &e.quote, rev, &rw);

@@ -12,6 +12,9 @@
  * so are ICMP errors about translated flows. A backend at an address of
  * this node gets its packets translated and passed to the stack; the
  * host_reply program translates the node's replies on their way out.
+ * Under a SYN flood, a service port's SYNs are answered here with SYN
+ * cookies, and the flows of clients that answered them are proxied
+ * (synproxy.h).
  * Anything else is left untouched for the stack (or the TC program
  * behind), after one parse and one lookup.
  */
@@ -27,6 +30,7 @@
 #include "include/forward.h"
 #include "include/reject.h"
 #include "include/icmp.h"
+#include "include/synproxy.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -116,6 +120,106 @@ static __always_inline int deliver_to_host(struct packet *pkt, __be32 saddr, __b
 	return pass(STAT_PASS_TO_HOST, pkt->len);
 }
 
+/* Answer a SYN with the SYN cookie flow_start made for it. */
+static __always_inline int answer_with_cookie(struct xdp_md *ctx, struct packet *pkt,
+					      const struct flow_result *res)
+{
+	struct tcphdr *tcp = pkt->l4;
+	__u32 bytes = pkt->len;
+	struct tcp_frame f;
+
+	if ((void *)(tcp + 1) > pkt->data_end)
+		return drop(STAT_DROP_ADJUST, bytes);
+	tcp_frame_answer(&f, pkt);
+	f.seq = res->cookie;
+	f.ack = bpf_ntohl(tcp->seq) + 1;
+	f.flags = TCP_FLAG_SYN | TCP_FLAG_ACK;
+	f.window = SYNPROXY_WINDOW;
+	f.mss = res->cookie_mss;
+	if (tcp_frame_write(ctx, bytes, &f))
+		return XDP_DROP;
+	count(STAT_SYNCOOKIE_SENT, bytes);
+	return XDP_TX;
+}
+
+/*
+ * Turn a client's packet into the SYN the SYN proxy opens its backend's
+ * side with (sp: its client's ISN and MSS), parsed again into pkt. The
+ * packet's payload goes: its client sends it again once the backend has
+ * answered. Returns 0, or -1 to drop the packet (counted).
+ */
+static __always_inline int syn_for_backend(struct xdp_md *ctx, struct packet *pkt,
+					   const struct synproxy_seq *sp)
+{
+	struct tcphdr *tcp = pkt->l4;
+	__u32 bytes = pkt->len;
+	struct tcp_frame f;
+
+	if ((void *)(tcp + 1) > pkt->data_end) {
+		count(STAT_DROP_ADJUST, bytes);
+		return -1;
+	}
+	__builtin_memset(&f, 0, sizeof(f));
+	__builtin_memcpy(f.dmac, pkt->eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(f.smac, pkt->eth->h_source, ETH_ALEN);
+	f.saddr = pkt->saddr;
+	f.daddr = pkt->daddr;
+	f.sport = pkt->sport;
+	f.dport = pkt->dport;
+	f.seq = sp->client_isn;
+	f.flags = TCP_FLAG_SYN;
+	f.window = bpf_ntohs(tcp->window);
+	f.mss = sp->mss;
+	f.ttl = pkt->ip->ttl;
+	if (tcp_frame_write(ctx, bytes, &f))
+		return -1;
+	if (parse_packet((void *)(long)ctx->data, (void *)(long)ctx->data_end, pkt) != PARSE_OK) {
+		count(STAT_DROP_ADJUST, bytes);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * A client's packet of a flow the SYN proxy opened (CT_F_SYNPROXY): the
+ * ACK that answered its cookie (opened) and anything its client sends
+ * before the backend answered become the proxy's SYN (sent again until
+ * the backend answers); after that, its acknowledgement is translated to
+ * the backend's sequence numbers. Returns 0 to translate pkt and send it
+ * on, or the verdict.
+ */
+static __always_inline int synproxy_client(struct xdp_md *ctx, struct packet *pkt,
+					   const struct flow_result *res, int opened)
+{
+	struct synproxy_seq *sp, fresh;
+	struct tcphdr *tcp;
+
+	if (opened) {
+		__builtin_memset(&fresh, 0, sizeof(fresh));
+		fresh.cookie = res->cookie;
+		fresh.client_isn = res->client_isn;
+		fresh.mss = res->cookie_mss;
+		if (bpf_map_update_elem(&synproxy_flows, &res->key, &fresh, BPF_ANY))
+			return drop(STAT_DROP_CT_FULL, pkt->len);
+		return syn_for_backend(ctx, pkt, &fresh) ? XDP_DROP : 0;
+	}
+	sp = bpf_map_lookup_elem(&synproxy_flows, &res->key);
+	if (!sp)
+		return drop(STAT_DROP_SYNPROXY_LOST, pkt->len);
+	if (!sp->answered) {
+		/* A RST goes as it is: the backend's half-open side ends. */
+		if (pkt->tcp_flags & TCP_FLAG_RST)
+			return 0;
+		return syn_for_backend(ctx, pkt, sp) ? XDP_DROP : 0;
+	}
+	tcp = pkt->l4;
+	if ((void *)(tcp + 1) > pkt->data_end)
+		return drop(STAT_DROP_ADJUST, pkt->len);
+	if (pkt->tcp_flags & TCP_FLAG_ACK)
+		tcp_seq_shift(tcp, &tcp->ack_seq, sp->seq_offset);
+	return 0;
+}
+
 /* Traffic from a client to a port some frontend uses. */
 static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet *pkt,
 					       const struct datapath_config *cfg)
@@ -123,12 +227,14 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 	__u64 now = bpf_ktime_get_coarse_ns();
 	struct flow_result *res = flow_result_get();
 	struct ct_entry *ct = NULL;
+	int opened = 0, verdict;
 	__be32 saddr;
 	__be16 sport;
 
 	if (!res)
 		return pass(STAT_PASS_NOT_SERVICE, pkt->len);
-	switch (flow_classify(ctx, ctx->ingress_ifindex, pkt, ORIGIN_EXTERNAL, cfg, now, res, &ct)) {
+	switch (flow_classify(ctx, ctx->ingress_ifindex, pkt, ORIGIN_EXTERNAL, HOOK_SYN_PROXY, cfg,
+			      now, res, &ct)) {
 	case FLOW_PASS:
 		return pass(res->reason, pkt->len);
 	case FLOW_DROP:
@@ -137,7 +243,12 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		return refuse(ctx, pkt);
 	case FLOW_RESET:
 		return reset_client(ctx, pkt, res->reason);
+	case FLOW_COOKIE:
+		return answer_with_cookie(ctx, pkt, res);
 	case FLOW_NEW:
+		/* Of the SYN proxy, a new flow is opened by an ACK. */
+		opened = !(pkt->tcp_flags & TCP_FLAG_SYN);
+		/* fall through */
 	case FLOW_PENDING:
 		/* ct is the new entry, with the next hop flow_start found, or
 		 * a copy of an unconfirmed flow's entry. */
@@ -160,11 +271,69 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		count_service(ct->svc_id, pkt->len, 0);
 		break;
 	}
+	if (ct->flags & CT_F_SYNPROXY) {
+		verdict = synproxy_client(ctx, pkt, res, opened);
+		if (verdict)
+			return verdict;
+	}
 	flow_source(ct, pkt, &saddr, &sport);
 	if (ct->flags & CT_F_HOST)
 		return deliver_to_host(pkt, saddr, sport, ct->backend_addr, ct->backend_port);
 	return translate_and_send(ctx, pkt, &ct->hop, saddr, sport, ct->backend_addr,
 				  ct->backend_port);
+}
+
+/*
+ * A backend's reply in a flow the SYN proxy opened (CT_F_SYNPROXY). Its
+ * SYN-ACK to the proxy's SYN fixes the flow's sequence offset and is
+ * answered here with the ACK its client sent the proxy (again for a
+ * retransmitted SYN-ACK); a RST before it refuses the client, in the
+ * client's window; later replies get their sequence number translated to
+ * the client's. Returns -1 to translate pkt and send it on, or the verdict.
+ */
+static __always_inline int synproxy_backend(struct xdp_md *ctx, struct packet *pkt,
+					    const struct nat_key *key, const struct nat_entry *rev)
+{
+	struct tcphdr *tcp = pkt->l4;
+	struct synproxy_seq *sp;
+	__u32 bytes = pkt->len;
+	struct tcp_frame f;
+	struct ct_key flow;
+
+	if (key->proto != IPPROTO_TCP)
+		return -1;
+	ct_key_of_nat(key, rev, &flow);
+	sp = bpf_map_lookup_elem(&synproxy_flows, &flow);
+	if (!sp)
+		return drop(STAT_DROP_SYNPROXY_LOST, bytes);
+	if ((void *)(tcp + 1) > pkt->data_end)
+		return drop(STAT_DROP_ADJUST, bytes);
+	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) ==
+	    (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
+		if (bpf_ntohl(tcp->ack_seq) != sp->client_isn + 1)
+			return drop(STAT_DROP_SYNPROXY_PENDING, bytes);
+		if (!sp->answered) {
+			sp->seq_offset = bpf_ntohl(tcp->seq) - sp->cookie;
+			sp->answered = 1;
+		}
+		tcp_frame_answer(&f, pkt);
+		f.seq = sp->client_isn + 1;
+		f.ack = bpf_ntohl(tcp->seq) + 1;
+		f.flags = TCP_FLAG_ACK;
+		f.window = SYNPROXY_WINDOW;
+		if (tcp_frame_write(ctx, bytes, &f))
+			return XDP_DROP;
+		count(STAT_SYNPROXY_ACK, bytes);
+		return XDP_TX;
+	}
+	if (!sp->answered) {
+		if (!(pkt->tcp_flags & TCP_FLAG_RST))
+			return drop(STAT_DROP_SYNPROXY_PENDING, bytes);
+		tcp_seq_shift(tcp, &tcp->seq, sp->cookie + 1 - bpf_ntohl(tcp->seq));
+		return -1;
+	}
+	tcp_seq_shift(tcp, &tcp->seq, -sp->seq_offset);
+	return -1;
 }
 
 /* A reply from a remote backend to a SNAT port of this node. */
@@ -173,8 +342,16 @@ static __always_inline int serve_reply(struct xdp_md *ctx, struct packet *pkt,
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
 
-	if (reverse_touch(key, rev, pkt, now))
-		return drop(STAT_DROP_STALE_NAT, pkt->len);
+	enum stat reason;
+	int verdict;
+
+	if (reverse_touch(key, rev, pkt, now, &reason))
+		return drop(reason, pkt->len);
+	if (rev->flags & CT_F_SYNPROXY) {
+		verdict = synproxy_backend(ctx, pkt, key, rev);
+		if (verdict >= 0)
+			return verdict;
+	}
 	count(STAT_REVERSE_NAT, 0);
 	count_service(rev->svc_id, pkt->len, 0);
 	return translate_and_send(ctx, pkt, &rev->hop, rev->frontend_addr, rev->frontend_port,
@@ -190,7 +367,7 @@ static __always_inline int serve_icmp(struct xdp_md *ctx, struct packet *pkt)
 	int fib_rc;
 
 	quote = icmp_error_quote(pkt);
-	if (!quote || icmp_error_lookup(pkt, quote, &rw))
+	if (!quote || icmp_error_lookup(pkt, quote, &rw, 0))
 		return pass(STAT_PASS_ICMP, pkt->len);
 	/* Routed as it arrived (the lookup reads the packet's own fields);
 	 * an error for this node's own backend is delivered, not routed. */
@@ -240,7 +417,7 @@ int xdplb_nic(struct xdp_md *ctx)
 		struct nat_key key;
 
 		nat_key_set(&key, pkt.saddr, pkt.daddr, pkt.sport, pkt.dport, pkt.proto);
-		rev = reverse_lookup(&key);
+		rev = reverse_lookup(&key, 0);
 		if (rev)
 			return serve_reply(ctx, &pkt, &key, rev);
 	}

@@ -91,6 +91,10 @@ func agentFlags() []cli.Flag {
 			Usage: "the cluster's NodePort range (--service-node-port-range)"},
 		&cli.UintFlag{Name: "icmp-rate", Value: uint(d.ICMPRate), EnvVars: env("icmp-rate"),
 			Usage: fmt.Sprintf("ICMP port unreachables the datapath sends (for a Service without endpoints), per second and CPU after a burst of %d, as the kernel limits its own errors (fragmentation needed is not limited); 0: no limit", loader.ICMPErrorBurst)},
+		&cli.StringFlag{Name: "syn-cookies", Value: d.SYNCookies.String(), EnvVars: env("syn-cookies"),
+			Usage: "when SYNs to a NodePort, LoadBalancer IP or externalIP with backends on other nodes are answered with SYN cookies by XDP, which then opens the connections of the clients that answer them (a SYN proxy): auto (while a service port is under a SYN flood, see --syn-flood-threshold), always, or off"},
+		&cli.UintFlag{Name: "syn-flood-threshold", Value: uint(d.SYNFloodThreshold), EnvVars: env("syn-flood-threshold"),
+			Usage: "with --syn-cookies auto: how many TCP handshakes a service port may leave incomplete within a second before its SYNs are answered with SYN cookies"},
 		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"), DefaultText: "the addresses of --iface",
 			Usage: "node addresses that get NodePorts: those within these CIDRs, or the node's primary address"},
 		bpffsFlag(),
@@ -290,11 +294,15 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		{"backends-max", c.Uint("backends-max"), &opts.BackendsMax, 2, 1 << 24},
 		{"frontends-max", c.Uint("frontends-max"), &opts.FrontendsMax, 1, 1 << 24},
 		{"icmp-rate", c.Uint("icmp-rate"), &opts.ICMPRate, 0, uint(loader.MaxICMPRate)},
+		{"syn-flood-threshold", c.Uint("syn-flood-threshold"), &opts.SYNFloodThreshold, 1, 1 << 30},
 	} {
 		if f.value < f.min || f.value > f.max {
 			return cfg, flagError(f.name, f.value, "out of range")
 		}
 		*f.dst = uint32(f.value)
+	}
+	if opts.SYNCookies, err = loader.ParseSYNCookieMode(c.String("syn-cookies")); err != nil {
+		return cfg, flagError("syn-cookies", c.String("syn-cookies"), "not a mode")
 	}
 	if opts.NATMax < opts.ConntrackMax {
 		return cfg, flagError("nat-max", opts.NATMax, fmt.Sprintf("below --conntrack-max %d: tracked flows would lose their reverse NAT entries", opts.ConntrackMax))

@@ -68,6 +68,8 @@ var allowed = map[string]string{
 	"snat-port-range":         "LOW-HIGH within 1024-65535, at least 1024 ports, disjoint from --nodeport-range, leaving at least 1024 ports of net.ipv4.ip_local_port_range to the host",
 	"nodeport-range":          "LOW-HIGH within 1-65535, disjoint from --snat-port-range",
 	"icmp-rate":               "0 (no limit) to 1000000000",
+	"syn-cookies":             "auto, always or off",
+	"syn-flood-threshold":     "1 to 1073741824",
 	"nodeport-addresses":      `IPv4 CIDRs, or "primary" alone (repeat the flag or separate with commas)`,
 	"bpffs-root":              "an absolute path: a bpffs mount, or a directory to mount one on",
 	"host-proc-sys":           "an absolute path to a /proc/sys (holding net/ipv4/ip_local_port_range and ip_local_reserved_ports)",

@@ -295,6 +295,7 @@ func statusAction() cli.ActionFunc {
 			routes = "new flows reuse their backend's route for up to a second (the agent found that the node routes by destination alone)"
 		}
 		fmt.Fprintf(w, "Routes:    %s\n", routes)
+		fmt.Fprintf(w, "SYN:       %s\n", synCookiesLine(d, st.SYNCookiePorts))
 		if fl := st.Flood; fl != nil {
 			var ports []string
 			for _, p := range fl.Ports {
@@ -619,4 +620,21 @@ func backendPlace(b inspect.BackendUse) string {
 		return ",local"
 	}
 	return ""
+}
+
+// synCookiesLine says when SYNs are answered with SYN cookies, and for
+// which service ports they are now.
+func synCookiesLine(d inspect.Settings, ports []string) string {
+	switch d.SYNCookies {
+	case "auto":
+		line := fmt.Sprintf("SYN cookies for a service port that leaves %d handshakes incomplete within a second", d.SYNFloodThreshold)
+		if len(ports) == 0 {
+			return line + "; none now"
+		}
+		return line + "; now: " + strings.Join(ports, ", ")
+	case "always":
+		return "SYN cookies answer every SYN to an external frontend with remote backends"
+	default:
+		return "no SYN cookies"
+	}
 }

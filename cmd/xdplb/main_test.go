@@ -291,6 +291,9 @@ func agentCases(dir string) []flagCase {
 		{name: "udp-timeout too long", set: map[string]string{"udp-timeout": "200h"}, flag: "udp-timeout"},
 		{name: "icmp-rate too high", set: map[string]string{"icmp-rate": "1000000001"}, flag: "icmp-rate", want: "out of range"},
 		{name: "icmp-rate not a number", set: map[string]string{"icmp-rate": "fast"}, flag: "icmp-rate"},
+		{name: "syn-cookies unknown mode", set: map[string]string{"syn-cookies": "sometimes"}, flag: "syn-cookies", want: "not a mode"},
+		{name: "syn-flood-threshold zero", set: map[string]string{"syn-flood-threshold": "0"}, flag: "syn-flood-threshold", want: "out of range"},
+		{name: "syn-flood-threshold not a number", set: map[string]string{"syn-flood-threshold": "many"}, flag: "syn-flood-threshold"},
 		{name: "snat-port-range not a range", set: map[string]string{"snat-port-range": "40000"}, flag: "snat-port-range", want: "not a range"},
 		{name: "snat-port-range not numbers", set: map[string]string{"snat-port-range": "a-b"}, flag: "snat-port-range"},
 		{name: "snat-port-range privileged", set: map[string]string{"snat-port-range": "1000-3000"}, flag: "snat-port-range", want: "privileged"},
@@ -612,6 +615,7 @@ func TestDefaultsValidate(t *testing.T) {
 			"XDPLB_IFACE": "eth0, xlb1", "XDPLB_SERVICES_FILE": servicesFile, "XDPLB_CONNTRACK_MAX": "2048",
 			"XDPLB_MAGLEV_TABLE_SIZE": "251", "NODE_NAME": "edge-1", "XDPLB_UDP_TIMEOUT": "30s",
 			"XDPLB_NODEPORT_ADDRESSES": "192.0.2.0/24", "XDPLB_XDP_MODE": "generic", "XDPLB_ICMP_RATE": "0",
+			"XDPLB_SYN_COOKIES": "always", "XDPLB_SYN_FLOOD_THRESHOLD": "50",
 		})
 		agents.started = nil
 		r := agents.runIn(t, ns, "agent", "--maglev-table-size", "509")
@@ -622,7 +626,8 @@ func TestDefaultsValidate(t *testing.T) {
 		if !slices.Equal(cfg.Interfaces, []string{"eth0", "xlb1"}) || cfg.ServicesFile != servicesFile ||
 			cfg.Datapath.ConntrackMax != 2048 || cfg.Datapath.NATMax != 2048 || cfg.NodeName != "edge-1" ||
 			cfg.Datapath.UDPTimeout != 30*time.Second || cfg.XDPMode != loader.XDPGeneric || cfg.Datapath.ICMPRate != 0 ||
-			len(cfg.NodePortAddresses) != 1 || cfg.NodePortAddresses[0].String() != "192.0.2.0/24" {
+			len(cfg.NodePortAddresses) != 1 || cfg.NodePortAddresses[0].String() != "192.0.2.0/24" ||
+			cfg.Datapath.SYNCookies != loader.SYNCookiesAlways || cfg.Datapath.SYNFloodThreshold != 50 {
 			t.Errorf("config from the environment: %+v", cfg)
 		}
 		if cfg.MaglevTableSize != 509 {

@@ -20,9 +20,11 @@ func mapFlags() map[string]string {
 	return map[string]string{
 		"conntrack":          "conntrack-max",
 		"ct_unconfirmed":     "conntrack-max", // a quarter of it
+		"synproxy_flows":     "conntrack-max", // a quarter of it
 		"affinity":           "conntrack-max", // an eighth of it
 		"nat":                "nat-max",
-		"snat_slots":         "nat-max", // twice it, in copies of the SNAT range
+		"nat_unconfirmed":    "conntrack-max", // a quarter of it
+		"snat_slots":         "nat-max",       // twice it, in copies of the SNAT range
 		"snat_bucket_hands":  "nat-max",
 		"frontends":          "frontends-max",
 		"backends":           "backends-max",
@@ -30,6 +32,7 @@ func mapFlags() map[string]string {
 		"maglev_tables":      "services-max",
 		"svc_stats":          "services-max",
 		"svc_names":          "services-max",
+		"syn_floods":         "services-max",
 		"source_ranges":      "services-max",
 	}
 }

@@ -211,20 +211,33 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 		}
 	}
 	rk := reverseKey(f)
-	var rev xdp.NicNatEntry
-	switch err := d.m.NAT.Lookup(rk, &rev); {
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-	case err != nil:
-		errs = append(errs, fmt.Errorf("read reverse NAT entry: %w", err))
-	case reverseOf(rev, f):
-		if err := d.m.NAT.Delete(rk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete reverse NAT entry: %w", err))
+	for _, table := range d.natTables() {
+		var rev xdp.NicNatEntry
+		switch err := table.m.Lookup(rk, &rev); {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+		case err != nil:
+			errs = append(errs, fmt.Errorf("read reverse NAT entry from %s: %w", table.name, err))
+		case reverseOf(rev, f):
+			if err := table.m.Delete(rk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("delete reverse NAT entry from %s: %w", table.name, err))
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return false, fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
 	}
 	return true, nil
+}
+
+// natTables are the maps that hold reverse halves by their reply tuple:
+// nat, and nat_unconfirmed where the pins have it. (A SNAT flow's reverse
+// half is mostly in its port's slot instead.)
+func (d *Dataplane) natTables() []flowTable {
+	tables := []flowTable{{"nat", d.m.NAT}}
+	if d.m.NATUnconfirmed != nil {
+		tables = append(tables, flowTable{"nat_unconfirmed", d.m.NATUnconfirmed})
+	}
+	return tables
 }
 
 // reverseOf tells whether a reverse half is f's.
@@ -339,8 +352,10 @@ func (d *Dataplane) DeleteReverse(f Flow) error {
 		}
 		return nil
 	}
-	if err := d.m.NAT.Delete(reverseKey(f)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete reverse NAT entry: %w", err)
+	for _, table := range d.natTables() {
+		if err := table.m.Delete(reverseKey(f)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete reverse NAT entry from %s: %w", table.name, err)
+		}
 	}
 	return nil
 }
@@ -360,33 +375,39 @@ func (d *Dataplane) UpdateReverse(f Flow, fn func(*xdp.NicNatEntry)) (bool, erro
 		return true, nil
 	}
 	rk := reverseKey(f)
-	var e xdp.NicNatEntry
-	if err := d.m.NAT.Lookup(rk, &e); errors.Is(err, ebpf.ErrKeyNotExist) {
-		return false, nil
-	} else if err != nil {
-		return false, fmt.Errorf("read reverse NAT entry: %w", err)
+	for _, table := range d.natTables() {
+		var e xdp.NicNatEntry
+		if err := table.m.Lookup(rk, &e); errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		} else if err != nil {
+			return false, fmt.Errorf("read reverse NAT entry from %s: %w", table.name, err)
+		}
+		fn(&e)
+		if err := table.m.Put(rk, e); err != nil {
+			return false, fmt.Errorf("write reverse NAT entry to %s: %w", table.name, err)
+		}
+		return true, nil
 	}
-	fn(&e)
-	if err := d.m.NAT.Put(rk, e); err != nil {
-		return false, fmt.Errorf("write reverse NAT entry: %w", err)
-	}
-	return true, nil
+	return false, nil
 }
 
 // ReverseHalves calls fn with the reply tuple and entry of every reverse
-// half (NAT map entries, then claimed SNAT slots; a slot whose flow ended
-// counts until a new flow takes it) until fn returns false.
+// half (NAT map entries, confirmed then unconfirmed, then claimed SNAT
+// slots; a slot whose flow ended counts until a new flow takes it) until
+// fn returns false.
 func (d *Dataplane) ReverseHalves(fn func(xdp.NicNatKey, xdp.NicNatEntry) bool) error {
-	var k xdp.NicNatKey
-	var v xdp.NicNatEntry
-	it := d.m.NAT.Iterate()
-	for it.Next(&k, &v) {
-		if !fn(k, v) {
-			return nil
+	for _, table := range d.natTables() {
+		var k xdp.NicNatKey
+		var v xdp.NicNatEntry
+		it := table.m.Iterate()
+		for it.Next(&k, &v) {
+			if !fn(k, v) {
+				return nil
+			}
 		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read NAT map: %w", err)
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("read %s: %w", table.name, err)
+		}
 	}
 	return eachClaimedSlot(d.m.SNATSlots, func(s xdp.NicSnatSlot) bool { return fn(s.Key, s.Rev) })
 }
@@ -431,7 +452,14 @@ func (d *Dataplane) ResetFlows() error {
 		// Slots before the NAT map: zeroing drops the slots' spill marks,
 		// and a spill made before that must go too.
 		{"SNAT slots", func() error { return zeroArray[xdp.NicSnatSlot](d.m.SNATSlots) }},
-		{"NAT map", func() error { return clearHash[xdp.NicNatKey, xdp.NicNatEntry](d.m.NAT) }},
+		{"NAT maps", func() error {
+			for _, t := range d.natTables() {
+				if err := clearHash[xdp.NicNatKey, xdp.NicNatEntry](t.m); err != nil {
+					return fmt.Errorf("%s: %w", t.name, err)
+				}
+			}
+			return nil
+		}},
 		{"affinity", func() error { return clearHash[xdp.NicAffinityKey, xdp.NicAffinityEntry](d.m.Affinity) }},
 		{"SNAT bucket hands", func() error { return zeroArray[xdp.NicSnatBucketHand](d.m.SNATBucketHands) }},
 		{"SNAT backend hands", func() error { return zeroArray[uint32](d.m.SNATBackendHands) }},

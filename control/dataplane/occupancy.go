@@ -25,6 +25,12 @@ func (d *Dataplane) sizedMaps() map[string]*ebpf.Map {
 	if d.m.CtUnconfirmed != nil {
 		maps["ct_unconfirmed"] = d.m.CtUnconfirmed
 	}
+	if d.m.NATUnconfirmed != nil {
+		maps["nat_unconfirmed"] = d.m.NATUnconfirmed
+	}
+	if d.m.SYNProxyFlows != nil {
+		maps["synproxy_flows"] = d.m.SYNProxyFlows
+	}
 
 	return maps
 }
@@ -52,7 +58,9 @@ func (d *Dataplane) Occupancy() (map[string]int, error) {
 		switch name {
 		case "conntrack", "ct_unconfirmed":
 			n, err = countEntries[xdp.NicCtKey, xdp.NicCtEntry](m)
-		case "nat":
+		case "synproxy_flows":
+			n, err = countEntries[xdp.NicCtKey, xdp.NicSynproxySeq](m)
+		case "nat", "nat_unconfirmed":
 			n, err = countEntries[xdp.NicNatKey, xdp.NicNatEntry](m)
 		case "affinity":
 			n, err = countEntries[xdp.NicAffinityKey, xdp.NicAffinityEntry](m)

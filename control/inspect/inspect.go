@@ -72,6 +72,9 @@ type Status struct {
 	Counters    []Counter    `json:"counters"`
 	// Flood is set while new flows displace each other (see Flood).
 	Flood *Flood `json:"flood,omitempty"`
+	// SYNCookiePorts are the service ports whose SYNs are answered with
+	// SYN cookies now, for a SYN flood (Datapath.SYNCookies "auto").
+	SYNCookiePorts []string `json:"synCookiePorts,omitempty"`
 }
 
 // FloodPercent is how full the table of unconfirmed flows is when status
@@ -113,6 +116,11 @@ type Settings struct {
 	// destination alone, so new flows reuse their backend's route (its
 	// lease runs out when no agent renews it).
 	NewFlowRouteReuse bool `json:"newFlowRouteReuse"`
+	// SYNCookies is when SYNs to external frontends are answered with
+	// SYN cookies: off, always, or auto, from SYNFloodThreshold
+	// handshakes a service port left incomplete within a second.
+	SYNCookies        string `json:"synCookies"`
+	SYNFloodThreshold uint32 `json:"synFloodThreshold,omitempty"`
 }
 
 // Counter is one datapath counter.
@@ -170,6 +178,13 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 		TCPTransientTimeout:   time.Duration(cfg.TcpTransientTimeoutNs).String(),
 		UDPTimeout:            time.Duration(cfg.UdpTimeoutNs).String(),
 		ICMPErrorInterval:     "none",
+		SYNCookies:            loader.SYNCookieMode(cfg.SynCookies).String(),
+	}
+	if loader.SYNCookieMode(cfg.SynCookies) == loader.SYNCookiesAuto {
+		st.Datapath.SYNFloodThreshold = cfg.SynFloodThreshold
+		if st.SYNCookiePorts, err = synCookiePorts(dp, cfg.SynFloodThreshold); err != nil {
+			return st, err
+		}
 	}
 	if st.Datapath.NewFlowRouteReuse, err = dp.RouteReuseAllowed(); err != nil {
 		return st, err
@@ -486,6 +501,29 @@ func ParseAddrPort(s string) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("%q: want IPv4:PORT", s)
 	}
 	return ap, nil
+}
+
+// synCookiePorts names the service ports whose SYNs are answered with
+// cookies now.
+func synCookiePorts(dp *dataplane.Dataplane, threshold uint32) ([]string, error) {
+	ids, err := dp.SYNCookiePorts(threshold, dataplane.Now())
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	names, err := dp.ServiceNames()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, id := range ids {
+		name := names[id]
+		if name == "" {
+			name = fmt.Sprintf("service port %d", id)
+		}
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // flood reports a flood of new flows when the table of unconfirmed flows

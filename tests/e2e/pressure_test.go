@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -64,71 +66,47 @@ func flood(ns *netns.NS, proto uint8, dst netip.AddrPort, count int, seed uint64
 	return sent, err
 }
 
+// floods are the spoofed floods the tests send at a service: SYNs to its
+// line port, datagrams to its UDP port.
+var floods = []struct {
+	name  string
+	proto uint8
+	port  uint16
+}{
+	{"SYN flood", packet.TCP, 9000},
+	{"UDP flood", packet.UDP, 53},
+}
+
 // newFlowAttempts counts what the edge node's datapath did with packets
 // that started flows: tracked, or refused for want of a SNAT port.
 func (s *sandbox) newFlowAttempts() uint64 {
 	s.t.Helper()
-	var st struct {
-		Counters []struct {
-			Name    string `json:"name"`
-			Packets uint64 `json:"packets"`
-		} `json:"counters"`
-	}
-	if err := json.Unmarshal([]byte(s.cli("status", "-o", "json")), &st); err != nil {
-		s.t.Fatal(err)
-	}
-	var n uint64
-	for _, c := range st.Counters {
-		if c.Name == "new_flow" || c.Name == "drop_nat_exhausted" {
-			n += c.Packets
-		}
-	}
-	return n
+	c := s.counters()
+	return c["new_flow"] + c["drop_nat_exhausted"]
 }
 
 // Established connections through a LoadBalancer IP, to remote backends
 // (SNAT) and to a backend on the edge node (DNAT), survive a spoofed SYN
 // flood and a spoofed UDP flood at the same service, each ten times
 // --conntrack-max, and new connections from a real client succeed while
-// the SYN flood goes on.
+// the SYN flood goes on, with SYN cookies off.
 func TestEstablishedConnectionsSurviveFloods(t *testing.T) {
 	s := newSandbox(t, 2, 1)
 	s.write(shop(append(append([]*topology.Pod{}, s.pods...), s.local...)...))
-	s.startAgent("--conntrack-max", fmt.Sprint(floodConntrackMax))
+	// Without SYN cookies: the table of unconfirmed flows alone keeps
+	// the established ones (TestSYNFloodIsAnsweredWithCookies has them).
+	s.startAgent("--conntrack-max", fmt.Sprint(floodConntrackMax), "--syn-cookies", "off")
 
-	type conn struct {
-		line    *topology.LineConn
-		backend string
-	}
-	var conns []conn
-	for range 60 {
-		l, err := s.topo.OpenLine(addr(lbIP, 9000))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		name, err := l.Ask()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, conn{l, name})
-	}
+	held := holdLines(t, 60, func() (*topology.LineConn, error) { return s.topo.OpenLine(addr(lbIP, 9000)) })
 	backends := map[string]int{}
-	for _, c := range conns {
-		backends[c.backend]++
+	for _, name := range held.names {
+		backends[name]++
 	}
 	if len(backends) != 3 {
 		t.Fatalf("60 connections reached %d of 3 backends: %v", len(backends), backends)
 	}
 
-	for _, fl := range []struct {
-		name  string
-		proto uint8
-		port  uint16
-	}{
-		{"SYN flood", packet.TCP, 9000},
-		{"UDP flood", packet.UDP, 53},
-	} {
+	for _, fl := range floods {
 		before := s.newFlowAttempts()
 		var (
 			wg      sync.WaitGroup
@@ -177,14 +155,219 @@ func TestEstablishedConnectionsSurviveFloods(t *testing.T) {
 					s.cli("status"))
 			}
 		}
-		for i, c := range conns {
-			name, err := c.line.Ask()
-			if err != nil {
-				t.Fatalf("after the %s: established connection %d (to %s) broke: %v", fl.name, i, c.backend, err)
-			}
-			if name != c.backend {
-				t.Fatalf("after the %s: established connection %d moved from %s to %s", fl.name, i, c.backend, name)
+		held.expectKept(t, "the "+fl.name)
+	}
+}
+
+// heldLines are open line connections, each with the backend that first
+// answered it.
+type heldLines struct {
+	conns []*topology.LineConn
+	names []string
+}
+
+// holdLines opens n line connections with open and asks each once; they
+// are closed when the test ends.
+func holdLines(t *testing.T, n int, open func() (*topology.LineConn, error)) *heldLines {
+	t.Helper()
+	h := &heldLines{}
+	for i := range n {
+		l, err := open()
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		t.Cleanup(func() { l.Close() })
+		name, err := l.Ask()
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		h.conns, h.names = append(h.conns, l), append(h.names, name)
+	}
+	return h
+}
+
+// expectKept checks that every connection still answers, from the backend
+// it first reached, after what happened (when).
+func (h *heldLines) expectKept(t *testing.T, when string) {
+	t.Helper()
+	for i, l := range h.conns {
+		name, err := l.Ask()
+		if err != nil {
+			t.Fatalf("after %s: connection %d (to %s) broke: %v", when, i, h.names[i], err)
+		}
+		if name != h.names[i] {
+			t.Fatalf("after %s: connection %d moved from %s to %s", when, i, h.names[i], name)
+		}
+	}
+}
+
+// counters reads the edge node's datapath counters by name.
+func (s *sandbox) counters() map[string]uint64 {
+	s.t.Helper()
+	var st struct {
+		Counters []struct {
+			Name    string `json:"name"`
+			Packets uint64 `json:"packets"`
+		} `json:"counters"`
+	}
+	if err := json.Unmarshal([]byte(s.cli("status", "-o", "json")), &st); err != nil {
+		s.t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, c := range st.Counters {
+		out[c.Name] = c.Packets
+	}
+	return out
+}
+
+// With --syn-cookies always, every connection to a remote backend opens
+// through the SYN proxy: the client's kernel completes its handshake with
+// the cookie, the backend's with the proxy, and data flows both ways with
+// each side's own sequence numbers, across many exchanges.
+func TestConnectionsOpenThroughTheSYNProxy(t *testing.T) {
+	s := newSandbox(t, 2, 0)
+	s.write(shop(s.pods...))
+	s.startAgent("--syn-cookies", "always")
+
+	for i := range 5 {
+		l, err := s.topo.OpenLine(addr(lbIP, 9000))
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		first, err := l.Ask()
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		for j := range 20 {
+			name, err := l.Ask()
+			if err != nil || name != first {
+				t.Fatalf("connection %d, exchange %d: %q, %v (first answered %q)", i, j, name, err, first)
 			}
 		}
+		l.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.topo.HTTPGet(ctx, addr(lbIP, 80)); err != nil {
+		t.Fatalf("HTTP through the SYN proxy: %v", err)
+	}
+	c := s.counters()
+	if c["syncookie_sent"] < 6 || c["syncookie_valid"] < 6 || c["synproxy_ack"] < 6 {
+		t.Errorf("counters %v: want every connection's SYN answered with a cookie, checked, and its backend's SYN-ACK answered",
+			map[string]uint64{"syncookie_sent": c["syncookie_sent"], "syncookie_valid": c["syncookie_valid"], "synproxy_ack": c["synproxy_ack"]})
+	}
+}
+
+// With SYN cookies on their default (auto), a spoofed SYN flood at a
+// service port turns them on: the flood's SYNs are answered, not tracked,
+// established connections stay, and real clients connect through the SYN
+// proxy while it lasts.
+func TestSYNFloodIsAnsweredWithCookies(t *testing.T) {
+	s := newSandbox(t, 2, 0)
+	s.write(shop(s.pods...))
+	s.startAgent("--conntrack-max", fmt.Sprint(floodConntrackMax), "--syn-flood-threshold", "100")
+
+	held := holdLines(t, 40, func() (*topology.LineConn, error) { return s.topo.OpenLine(addr(lbIP, 9000)) })
+	before := s.counters()
+
+	// The flood goes on, 1024 flows at a time, until real clients have
+	// connected while cookies were on.
+	var (
+		wg      sync.WaitGroup
+		sendErr error
+		sent    int
+	)
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for seed := uint64(7); ; seed++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n, err := flood(s.topo.Client, packet.TCP, netip.AddrPortFrom(lbIP, 9000), floodConntrackMax, seed)
+			sent += n
+			if err != nil {
+				sendErr = err
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.counters()["syncookie_sent"]-before["syncookie_sent"] < 1000 {
+		if time.Now().After(deadline) {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("no SYN answered with a cookie 30 s into a flood (%d packets sent, send error %v)", sent, sendErr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// `xdplb status` names the port.
+	var st struct {
+		Ports []string `json:"synCookiePorts"`
+	}
+	if err := json.Unmarshal([]byte(s.cli("status", "-o", "json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(st.Ports, "default/shop:lines/TCP") {
+		t.Errorf("status names %v as answered with SYN cookies during the flood, want default/shop:lines/TCP", st.Ports)
+	}
+	for i := range 10 {
+		l, err := s.topo.OpenLine(addr(lbIP, 9000))
+		if err != nil {
+			t.Fatalf("new connection %d during the flood: %v", i, err)
+		}
+		if _, err := l.Ask(); err != nil {
+			t.Fatalf("new connection %d during the flood: %v", i, err)
+		}
+		l.Close()
+	}
+	for s.counters()["syncookie_sent"]-before["syncookie_sent"] < 10*floodConntrackMax && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if sendErr != nil {
+		t.Fatal(sendErr)
+	}
+	after := s.counters()
+	cookies := after["syncookie_sent"] - before["syncookie_sent"]
+	tracked := after["new_flow"] - before["new_flow"]
+	if cookies < 10*floodConntrackMax || tracked > uint64(sent)/10 {
+		t.Errorf("%d SYNs answered with cookies and %d flows started during a flood of %d SYNs: want nearly all answered",
+			cookies, tracked, sent)
+	}
+	if after["syncookie_valid"] == before["syncookie_valid"] {
+		t.Errorf("no connection opened through the SYN proxy during the flood")
+	}
+	held.expectKept(t, "the flood")
+}
+
+// A pod flooding a ClusterIP with spoofed SYNs and UDP datagrams, ten
+// times --conntrack-max each, costs another pod on the node none of its
+// established connections through the same ClusterIP.
+func TestPodFloodKeepsOtherPodsConnections(t *testing.T) {
+	s := newSandbox(t, 2, 2)
+	victim, flooder := s.local[0], s.local[1]
+	const clusterIP = "10.96.1.9"
+	s.write(lines("pressure", clusterIP, s.pods...))
+	s.startAgent("--conntrack-max", fmt.Sprint(floodConntrackMax))
+
+	held := holdLines(t, 40, func() (*topology.LineConn, error) {
+		return topology.OpenLineFrom(victim.NS, clusterIP+":9000")
+	})
+	for _, fl := range floods {
+		before := s.newFlowAttempts()
+		sent, err := flood(flooder.NS, fl.proto, netip.AddrPortFrom(netip.MustParseAddr(clusterIP), fl.port),
+			10*floodConntrackMax, uint64(fl.proto)+100)
+		if err != nil {
+			t.Fatalf("%s: %v", fl.name, err)
+		}
+		if got := s.newFlowAttempts() - before; got < 9*floodConntrackMax {
+			t.Fatalf("%s: the datapath saw %d new flows of %d packets sent, want nearly %d", fl.name, got, sent, 10*floodConntrackMax)
+		}
+		held.expectKept(t, "the "+fl.name)
 	}
 }

@@ -48,6 +48,8 @@ type Frame struct {
 	Flags    uint8
 	Seq, Ack uint32
 	Window   uint16
+	// TCPOptions follow the 20-byte header: a multiple of 4 bytes.
+	TCPOptions []byte
 
 	// UDP: send a zero checksum ("none").
 	NoUDPChecksum bool
@@ -132,19 +134,21 @@ func (f Frame) Bytes() []byte {
 func (f Frame) l4Bytes() []byte {
 	switch f.Proto {
 	case TCP:
-		b := make([]byte, 20+len(f.Payload))
+		hlen := 20 + len(f.TCPOptions)
+		b := make([]byte, hlen+len(f.Payload))
 		binary.BigEndian.PutUint16(b[0:2], f.SrcPort)
 		binary.BigEndian.PutUint16(b[2:4], f.DstPort)
 		binary.BigEndian.PutUint32(b[4:8], f.Seq)
 		binary.BigEndian.PutUint32(b[8:12], f.Ack)
-		b[12] = 5 << 4
+		b[12] = byte(hlen/4) << 4
 		b[13] = f.Flags
 		w := f.Window
 		if w == 0 && f.Flags&RST == 0 {
 			w = 65535
 		}
 		binary.BigEndian.PutUint16(b[14:16], w)
-		copy(b[20:], f.Payload)
+		copy(b[20:], f.TCPOptions)
+		copy(b[hlen:], f.Payload)
 		return b
 	case UDP:
 		b := make([]byte, 8+len(f.Payload))
@@ -231,6 +235,9 @@ func Decode(b []byte) (Frame, error) {
 		if doff < 20 || doff > len(l4) {
 			return f, fmt.Errorf("bad TCP data offset %d", doff)
 		}
+		if doff > 20 {
+			f.TCPOptions = append([]byte(nil), l4[20:doff]...)
+		}
 		f.Payload = append([]byte(nil), l4[doff:]...)
 	case UDP:
 		if len(l4) < 8 {
@@ -253,6 +260,31 @@ func Decode(b []byte) (Frame, error) {
 		f.Payload = append([]byte(nil), l4...)
 	}
 	return f, nil
+}
+
+// MSSOption is the TCP option that announces a maximum segment size.
+func MSSOption(mss uint16) []byte {
+	return []byte{2, 4, byte(mss >> 8), byte(mss)}
+}
+
+// MSS returns the maximum segment size a frame's TCP options announce,
+// 0 without one.
+func (f Frame) MSS() uint16 {
+	for o := f.TCPOptions; len(o) > 0; {
+		switch {
+		case o[0] == 0: // end of options
+			return 0
+		case o[0] == 1: // no-operation
+			o = o[1:]
+		case len(o) < 2 || int(o[1]) < 2 || int(o[1]) > len(o):
+			return 0
+		case o[0] == 2 && o[1] == 4:
+			return binary.BigEndian.Uint16(o[2:4])
+		default:
+			o = o[o[1]:]
+		}
+	}
+	return 0
 }
 
 // Verify recomputes the IPv4 header checksum and the TCP, UDP or ICMP

@@ -92,13 +92,93 @@ _Static_assert(__builtin_offsetof(struct ct_entry, tcp_state) % 4 == 0,
  * moment before, and a lost RST leaves a closed connection the
  * established timeout. BPF has no atomic on a byte, so the bits are ORed
  * into the 32-bit word that starts with tcp_state (bits are only ever
- * added in place; flags and pad, the word's other bytes, are not written
- * in place).
+ * added in place; flags, the word's second byte, is not written in place;
+ * seq_mark, its upper half, is, with a plain store, which an atomic OR
+ * of the word cannot undo).
  */
 static __always_inline void ct_add_tcp_state(struct ct_entry *ct, __u8 bits)
 {
 	if ((ct->tcp_state & bits) != bits)
 		__sync_fetch_and_or((__u32 *)&ct->tcp_state, (__u32)bits);
+}
+
+/*
+ * RST and FIN count only in window. Each direction's entry keeps the top
+ * 16 bits of the highest sequence number its sender was seen to send (a
+ * mark, in 64 KiB units), written only when it moves on, so a bulk
+ * transfer writes it once per 64 KiB. A RST or FIN is in window when its
+ * sequence number lies from SEQ_WINDOW_BEHIND units behind the mark (data
+ * of a large window still in flight) to SEQ_WINDOW_AHEAD unit ahead of it
+ * (the unit the sender's next byte starts): a blind attacker hits it with
+ * one guess in about 1900. The kernel's conntrack checks the window the
+ * receiver announced instead; xdplb keeps no per-packet window state, so
+ * its check is coarser, with the entries' layout unchanged.
+ */
+#define SEQ_WINDOW_BEHIND 32
+#define SEQ_WINDOW_AHEAD 1
+
+static __always_inline __u16 seq_mark_of(__u32 seq)
+{
+	return seq >> 16;
+}
+
+/* Does seq lie in the window of a sender whose mark is mark? */
+static __always_inline int seq_in_window(__u16 mark, __u32 seq)
+{
+	__s16 d = (__s16)(seq_mark_of(seq) - mark);
+
+	return d >= -SEQ_WINDOW_BEHIND && d <= SEQ_WINDOW_AHEAD;
+}
+
+/* Is seq past the unit of mark (a mark never moves back: an older
+ * sequence number is a retransmission)? */
+static __always_inline int seq_mark_advances(__u16 mark, __u32 seq)
+{
+	return (__s16)(seq_mark_of(seq) - mark) > 0;
+}
+
+/* Why a RST or FIN out of window is dropped: it changes nothing. */
+static __always_inline enum stat out_of_window_reason(const struct packet *pkt)
+{
+	return (pkt->tcp_flags & TCP_FLAG_RST) ? STAT_DROP_RST_OUT_OF_WINDOW
+					       : STAT_DROP_FIN_OUT_OF_WINDOW;
+}
+
+/* May a client's TCP packet go on: anything but a RST or FIN out of its
+ * window (before the client's sequence is known, any)? */
+static __always_inline int ct_seq_acceptable(const struct ct_entry *ct, const struct packet *pkt)
+{
+	return !(pkt->tcp_flags & (TCP_FLAG_RST | TCP_FLAG_FIN)) ||
+	       !(ct->tcp_state & CT_TCP_SEQ_KNOWN) || seq_in_window(ct->seq_mark, pkt->tcp_seq);
+}
+
+/* Follow the client's sequence with a packet of its. */
+static __always_inline void ct_seq_track(struct ct_entry *ct, const struct packet *pkt)
+{
+	if (!(ct->tcp_state & CT_TCP_SEQ_KNOWN)) {
+		ct->seq_mark = seq_mark_of(pkt->tcp_seq);
+		ct_add_tcp_state(ct, CT_TCP_SEQ_KNOWN);
+	} else if (seq_mark_advances(ct->seq_mark, pkt->tcp_seq)) {
+		ct->seq_mark = seq_mark_of(pkt->tcp_seq);
+	}
+}
+
+/* The same for a backend's reply, by the flow's reverse half. */
+static __always_inline int nat_seq_acceptable(const struct nat_entry *rev, const struct packet *pkt)
+{
+	return !(pkt->tcp_flags & (TCP_FLAG_RST | TCP_FLAG_FIN)) || !rev->reply_seq_known ||
+	       seq_in_window(rev->reply_seq_mark, pkt->tcp_seq);
+}
+
+/* Follow the backend's sequence with a reply. */
+static __always_inline void nat_seq_track(struct nat_entry *rev, const struct packet *pkt)
+{
+	if (!rev->reply_seq_known) {
+		rev->reply_seq_mark = seq_mark_of(pkt->tcp_seq);
+		rev->reply_seq_known = 1;
+	} else if (seq_mark_advances(rev->reply_seq_mark, pkt->tcp_seq)) {
+		rev->reply_seq_mark = seq_mark_of(pkt->tcp_seq);
+	}
 }
 
 /* A SYN on a tuple whose previous connection closed (reset, or a FIN each

@@ -22,6 +22,7 @@
 #include "maglev.h"
 #include "nat.h"
 #include "route.h"
+#include "synproxy.h"
 
 enum origin {
 	ORIGIN_EXTERNAL = 0,
@@ -36,6 +37,14 @@ enum flow_verdict {
 	FLOW_RESET,    /* mid-connection TCP that cannot go on: RST, counted as res->reason */
 	FLOW_DROP,     /* drop, counted as res->reason */
 	FLOW_PASS,     /* not service traffic for this hook: res->reason */
+	FLOW_COOKIE,   /* a SYN to answer with the SYN cookie in res->cookie (synproxy.h) */
+};
+
+/* What a hook can do beyond translating: passed as a constant, so code a
+ * hook cannot use is left out of it. */
+enum hook_features {
+	HOOK_PLAIN = 0,
+	HOOK_SYN_PROXY = 1 << 0, /* answers SYNs with cookies (XDP on the NIC) */
 };
 
 /* The working state of one decision. It is too large for the BPF stack
@@ -49,6 +58,12 @@ struct flow_result {
 	 * (flow_start), then TC's route of the packet (tc_translate_and_send). */
 	struct bpf_fib_lookup fib;
 	enum stat reason;
+	/* FLOW_COOKIE: the cookie and its MSS. FLOW_NEW of a CT_F_SYNPROXY
+	 * flow (its client's ACK answered a cookie): the cookie, the
+	 * client's ISN and the MSS to open the backend's side with. */
+	__u32 cookie;
+	__u32 client_isn;
+	__u16 cookie_mss;
 };
 
 /* Raw bytes as the map value: struct bpf_fib_lookup has anonymous unions,
@@ -148,9 +163,53 @@ static __always_inline int port_has_frontend(__be16 port)
 	return port_in_bitmap(&frontend_ports, port);
 }
 
+/*
+ * A TCP packet from outside with no flow, to a backend elsewhere (so
+ * SNATed), in a hook with HOOK_SYN_PROXY: is it the SYN proxy's (see
+ * synproxy.h)? Returns FLOW_COOKIE for a SYN to answer with a cookie
+ * (res->cookie, res->cookie_mss); FLOW_NEW for an ACK that answered a
+ * cookie, whose flow, flagged CT_F_SYNPROXY in fresh, opens as if by its
+ * SYN (res->cookie, res->client_isn, res->cookie_mss); FLOW_DROP for a
+ * segment without SYN that claims no port (STAT_DROP_NO_FLOW); FLOW_PASS
+ * to admit it as usual.
+ */
+static __always_inline enum flow_verdict flow_syn_proxy(const struct packet *pkt,
+							 struct ct_entry *fresh,
+							 const struct datapath_config *cfg, __u64 now,
+							 struct flow_result *res)
+{
+	if (tcp_opening(pkt)) {
+		/* A retransmitted SYN of a flow begun before the flood follows
+		 * its flow: its client may yet get the backend's SYN-ACK. */
+		if (!syn_flood_due(cfg, fresh->svc_id, now) ||
+		    bpf_map_lookup_elem(&ct_unconfirmed, &res->key) ||
+		    syncookie_make(pkt, &res->cookie, &res->cookie_mss))
+			return FLOW_PASS;
+		syn_flood_count(fresh->svc_id, SYN_FLOOD_OPENED, now);
+		res->reason = STAT_SYNCOOKIE_SENT;
+		return FLOW_COOKIE;
+	}
+	/* A TCP segment without SYN and without state claims no port: the
+	 * backend holds no connection on a new one, and a port an evicted
+	 * flow left is not free. Its backend's next reply rebuilds an
+	 * evicted flow (reverse_touch). Unless it answers a cookie. */
+	if (!tcp_mid_connection(pkt))
+		return FLOW_PASS;
+	if (!syncookie_answered(pkt, &res->cookie, &res->client_isn)) {
+		res->reason = STAT_DROP_NO_FLOW;
+		return FLOW_DROP;
+	}
+	res->cookie_mss = syncookie_mss(pkt, res->cookie, res->client_isn);
+	fresh->flags |= CT_F_SYNPROXY;
+	fresh->tcp_state = CT_TCP_SYN | CT_TCP_SEQ_KNOWN;
+	syn_flood_count(fresh->svc_id, SYN_FLOOD_COMPLETED, now);
+	count(STAT_SYNCOOKIE_VALID, 0);
+	return FLOW_NEW;
+}
+
 /* Admit and track a new flow to a frontend. */
 static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, struct packet *pkt,
-						    enum origin origin,
+						    enum origin origin, enum hook_features features,
 						    const struct datapath_config *cfg, __u64 now,
 						    struct flow_result *res, struct ct_entry **ctp)
 {
@@ -226,8 +285,24 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	 * BE_LOCAL too, so never source-NATed but for a hairpin). */
 	if (pick.backend.flags & BE_HOST)
 		fresh->flags |= CT_F_HOST;
-	if (pkt->proto == IPPROTO_TCP)
-		fresh->tcp_state = ct_tcp_next_state(0, pkt->tcp_flags);
+	if (pkt->proto == IPPROTO_TCP) {
+		fresh->tcp_state = ct_tcp_next_state(0, pkt->tcp_flags) | CT_TCP_SEQ_KNOWN;
+		fresh->seq_mark = seq_mark_of(pkt->tcp_seq);
+	}
+
+	/* Before the route: a SYN answered with a cookie costs no lookup. */
+	if ((features & HOOK_SYN_PROXY) && pkt->proto == IPPROTO_TCP &&
+	    origin == ORIGIN_EXTERNAL && (fe->flags & FE_SNAT_REMOTE) &&
+	    !(pick.backend.flags & BE_LOCAL)) {
+		switch (flow_syn_proxy(pkt, fresh, cfg, now, res)) {
+		case FLOW_COOKIE:
+			return FLOW_COOKIE;
+		case FLOW_DROP:
+			return FLOW_DROP;
+		default:
+			break;
+		}
+	}
 
 	/* With the packet's length, so the route's MTU is checked: a packet
 	 * too big (or a GSO packet, from TC) caches no next hop, and the hook
@@ -259,13 +334,14 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 		 * port: the backend holds no connection on a new one, and a
 		 * port an evicted flow left is not free. Its backend's next
 		 * reply rebuilds an evicted flow (reverse_touch). */
-		if (tcp_mid_connection(pkt)) {
+		if (tcp_mid_connection(pkt) && !(fresh->flags & CT_F_SYNPROXY)) {
 			res->reason = STAT_DROP_NO_FLOW;
 			return FLOW_DROP;
 		}
 	}
 
-	err = nat_claim(&res->key, fresh, tcp_opening(pkt), cfg, now);
+	err = nat_claim(&res->key, fresh, tcp_opening(pkt) || (fresh->flags & CT_F_SYNPROXY), cfg,
+			now);
 	if (err) {
 		if (err == -3 && tcp_mid_connection(pkt)) {
 			/* The backend has a connection from this client port
@@ -317,6 +393,8 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	*ctp = fresh;
 	count(STAT_NEW_FLOW, 0);
 	count_service(fe->svc_id, pkt->len, 1);
+	if ((features & HOOK_SYN_PROXY) && tcp_opening(pkt) && origin == ORIGIN_EXTERNAL)
+		syn_flood_count(fe->svc_id, SYN_FLOOD_OPENED, now);
 	return FLOW_NEW;
 }
 
@@ -328,10 +406,21 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 static __always_inline void nat_confirm_reverse(const struct ct_key *flow,
 						const struct ct_entry *ct)
 {
-	struct nat_entry *rev = reverse_of_flow(flow, ct);
+	struct nat_entry *rev;
+	struct nat_key key;
 
-	if (rev)
-		nat_confirm_entry(rev);
+	if (ct->flags & CT_F_SNAT) {
+		rev = reverse_of_flow(flow, ct);
+		if (rev)
+			nat_confirm_entry(&key, rev);
+		return;
+	}
+	nat_key_of(flow, ct, &key);
+	rev = bpf_map_lookup_elem(&nat_unconfirmed, &key);
+	if (!rev || !nat_entry_matches(rev, flow))
+		return;
+	nat_confirm_entry(&key, rev);
+	bpf_map_delete_elem(&nat_unconfirmed, &key);
 }
 
 /* Date an unconfirmed SNAT flow's reverse half from its client's side
@@ -362,14 +451,25 @@ static __always_inline void snat_keep_dated(const struct ct_key *flow, const str
  */
 static __always_inline enum flow_verdict flow_pending(const struct packet *pkt,
 						      struct ct_entry *pending,
+						      enum hook_features features,
 						      const struct datapath_config *cfg, __u64 now,
 						      struct flow_result *res, struct ct_entry **ctp)
 {
 	struct ct_entry *confirmed;
 
+	if (pkt->proto == IPPROTO_TCP) {
+		if (!ct_seq_acceptable(pending, pkt)) {
+			res->reason = out_of_window_reason(pkt);
+			return FLOW_DROP;
+		}
+		ct_seq_track(pending, pkt);
+	}
 	if (ct_confirmed_by(pending, pkt->proto, pkt->tcp_flags, now)) {
 		confirmed = ct_confirm(&res->key, pending, now);
 		if (confirmed) {
+			if ((features & HOOK_SYN_PROXY) && pkt->proto == IPPROTO_TCP &&
+			    (confirmed->flags & CT_F_EXTERNAL) && !(confirmed->flags & CT_F_SYNPROXY))
+				syn_flood_count(confirmed->svc_id, SYN_FLOOD_COMPLETED, now);
 			nat_confirm_reverse(&res->key, confirmed);
 			*ctp = confirmed;
 			return FLOW_TRACKED;
@@ -425,7 +525,7 @@ static __always_inline int flow_forget_dead(const struct ct_entry *ct, const str
  * tracked there.
  */
 static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex, struct packet *pkt,
-						       enum origin origin,
+						       enum origin origin, enum hook_features features,
 						       const struct datapath_config *cfg, __u64 now,
 						       struct flow_result *res, struct ct_entry **ctp)
 {
@@ -452,12 +552,12 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
 				return FLOW_DROP;
 			}
 			if (ct_usable(pending, pkt, origin, cfg, now))
-				return flow_pending(pkt, pending, cfg, now, res, ctp);
+				return flow_pending(pkt, pending, features, cfg, now, res, ctp);
 			if (flow_forget_dead(pending, pkt, cfg, now, res))
 				return FLOW_RESET;
 		}
 	}
-	return flow_start(ctx, ifindex, pkt, origin, cfg, now, res, ctp);
+	return flow_start(ctx, ifindex, pkt, origin, features, cfg, now, res, ctp);
 }
 
 /*
@@ -477,8 +577,14 @@ static __always_inline enum flow_verdict flow_touch(struct flow_result *res, str
 {
 	const struct ct_key *key = &res->key;
 
-	if (pkt->proto == IPPROTO_TCP)
+	if (pkt->proto == IPPROTO_TCP) {
+		if (!ct_seq_acceptable(ct, pkt)) {
+			res->reason = out_of_window_reason(pkt);
+			return FLOW_DROP;
+		}
+		ct_seq_track(ct, pkt);
 		ct_add_tcp_state(ct, ct_tcp_next_state(0, pkt->tcp_flags));
+	}
 	if (time_since(ct->last_seen_ns, now) <= NSEC_PER_SEC)
 		return FLOW_TRACKED;
 	ct->last_seen_ns = now;
@@ -540,15 +646,27 @@ static __always_inline int ct_over(const struct ct_entry *ct, __u8 proto, __u64 
  * rebuilt when its backend was removed, when it was idle past its timeout
  * (by its reverse half's date, when the forward half is gone:
  * evicted_flow_alive), or when the agent ended it (its backend left the
- * port): a late reply does not bring it back. Returns 0 to translate the
- * reply, -1 when the reverse entry is stale (deleted; drop the reply).
+ * port): a late reply does not bring it back. A RST or FIN out of the
+ * backend's window changes nothing (see seq_in_window). Returns 0 to
+ * translate the reply, -1 to drop it, counted as *reason: the reverse
+ * entry is stale (deleted), or the reply out of window.
  */
 static __always_inline int reverse_touch(const struct nat_key *key, struct nat_entry *rev,
-					 const struct packet *pkt, __u64 now)
+					 const struct packet *pkt, __u64 now, enum stat *reason)
 {
 	int refresh = time_since(rev->last_seen_ns, now) > NSEC_PER_SEC;
 	struct ct_entry *ct, rebuilt;
+	int confirmed = 0;
 	struct ct_key flow;
+
+	if (key->proto == IPPROTO_TCP) {
+		if (!nat_seq_acceptable(rev, pkt)) {
+			*reason = out_of_window_reason(pkt);
+			return -1;
+		}
+		nat_seq_track(rev, pkt);
+	}
+	*reason = STAT_DROP_STALE_NAT;
 
 	if (!refresh && !(rev->flags & CT_F_UNCONFIRMED) &&
 	    !(pkt->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
@@ -576,13 +694,13 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 			ct->last_seen_ns = now;
 		if (!(ct->flags & CT_F_UNCONFIRMED)) {
 			/* Confirmed by its client meanwhile. */
-			nat_confirm_entry(rev);
+			confirmed = 1;
 		} else if (key->proto == IPPROTO_TCP ||
 			   !ct_confirmed_by(ct, key->proto, pkt->tcp_flags, now)) {
 			ct_add_tcp_state(ct, CT_TCP_REPLY);
 		} else if (ct_confirm(&flow, ct, now)) {
 			/* A UDP stream: ct is gone to conntrack, not used after. */
-			nat_confirm_entry(rev);
+			confirmed = 1;
 		}
 	}
 	if (refresh) {
@@ -590,6 +708,8 @@ static __always_inline int reverse_touch(const struct nat_key *key, struct nat_e
 		rev->hop.ifindex = 0; /* re-route the client once a second */
 		nat_mark_spill(key, rev);
 	}
+	if (confirmed)
+		nat_confirm_entry(key, rev);
 	return 0;
 }
 

@@ -121,7 +121,7 @@ static __always_inline void icmp_forward_rewrite(const struct packet *pkt,
  * evicted_flow_alive). */
 static __always_inline int icmp_about_forward(const struct packet *pkt,
 					      const struct icmp_quote *quote,
-					      struct icmp_rewrite *rw)
+					      struct icmp_rewrite *rw, const int unconfirmed)
 {
 	struct nat_entry *entry;
 	struct ct_entry *ct;
@@ -130,7 +130,7 @@ static __always_inline int icmp_about_forward(const struct packet *pkt,
 	__u64 now;
 
 	icmp_quoted_reply(quote, &key);
-	entry = reverse_lookup(&key);
+	entry = reverse_lookup(&key, unconfirmed);
 	if (!entry)
 		return -1;
 	ct_key_of_nat(&key, entry, &flow);
@@ -176,12 +176,13 @@ static __always_inline int icmp_about_reply(const struct packet *pkt,
 }
 
 /* What to rewrite an ICMP error about a translated flow to: 0 and *rw
- * filled, or -1 when the error is about none of ours. */
+ * filled, or -1 when the error is about none of ours. unconfirmed: see
+ * reverse_lookup. */
 static __always_inline int icmp_error_lookup(const struct packet *pkt,
 					     const struct icmp_quote *quote,
-					     struct icmp_rewrite *rw)
+					     struct icmp_rewrite *rw, const int unconfirmed)
 {
-	if (icmp_about_forward(pkt, quote, rw) == 0)
+	if (icmp_about_forward(pkt, quote, rw, unconfirmed) == 0)
 		return 0;
 	return icmp_about_reply(pkt, quote, rw);
 }

@@ -41,6 +41,18 @@ struct datapath_config {
 	 * this far apart per CPU, after a burst of ICMP_ERROR_BURST; 0: no
 	 * limit. See icmp_limit.h. */
 	__u32 icmp_interval_ns;
+	/* When the XDP program answers SYNs to an external frontend with
+	 * SYN cookies (enum syn_cookie_mode; see synproxy.h), and, in
+	 * SYN_COOKIES_AUTO, from how many handshakes a service port left
+	 * incomplete within a second. */
+	__u32 syn_cookies;
+	__u32 syn_flood_threshold;
+};
+
+enum syn_cookie_mode {
+	SYN_COOKIES_OFF = 0,    /* never */
+	SYN_COOKIES_AUTO = 1,   /* while a service port is flooded (syn_flood_threshold) */
+	SYN_COOKIES_ALWAYS = 2, /* every SYN to an external frontend with remote backends */
 };
 
 /* Per-interface facts: the address used as SNAT source for packets that
@@ -140,6 +152,7 @@ enum ct_tcp_state {
 	CT_TCP_RST = 1 << 3,         /* RST seen in either direction */
 	CT_TCP_REPLY_FIN = 1 << 4,   /* backend FIN seen */
 	CT_TCP_REPLY = 1 << 5,       /* unconfirmed, backend answered (its SYN-ACK); UDP flows too */
+	CT_TCP_SEQ_KNOWN = 1 << 6,   /* seq_mark holds the client's sequence (see seq_in_window) */
 };
 
 enum ct_flags {
@@ -151,6 +164,10 @@ enum ct_flags {
 	/* Not confirmed yet: in ct_unconfirmed, not conntrack (see there).
 	 * Its reverse half carries the flag too until the flow is confirmed. */
 	CT_F_UNCONFIRMED = 1 << 5,
+	/* Opened by the SYN proxy (synproxy.h): its backend's sequence
+	 * numbers differ from those its client knows by the offset kept in
+	 * synproxy_flows. */
+	CT_F_SYNPROXY = 1 << 6,
 };
 
 /* A cached FIB result: where to send the packets of a flow. Valid while
@@ -175,7 +192,9 @@ struct ct_entry {
 	__be16 nat_port;
 	__u8 tcp_state; /* enum ct_tcp_state */
 	__u8 flags;     /* enum ct_flags */
-	__u16 pad;
+	/* The top 16 bits of the highest sequence number the client sent,
+	 * once CT_TCP_SEQ_KNOWN (see seq_in_window in conntrack.h). */
+	__u16 seq_mark;
 };
 
 /* The reply-side 5-tuple, as the backend sends it
@@ -202,7 +221,10 @@ struct nat_entry {
 	__u32 backend_id;
 	__u32 svc_id;
 	__u8 flags; /* enum ct_flags of the forward entry */
-	__u8 pad[3];
+	/* The top 16 bits of the highest sequence number the backend sent,
+	 * once reply_seq_known (see seq_in_window in conntrack.h). */
+	__u8 reply_seq_known;
+	__u16 reply_seq_mark;
 };
 
 /*
@@ -255,6 +277,29 @@ struct affinity_entry {
 	__be32 backend_addr;
 	__be16 backend_port;
 	__u16 pad[3];
+};
+
+/* The sequence state of a flow opened by the SYN proxy (synproxy.h), kept
+ * by its client tuple. Host byte order. */
+struct synproxy_seq {
+	__u32 cookie;     /* the proxy's ISN toward the client: its SYN cookie */
+	__u32 client_isn; /* the client's ISN, sent on in the proxy's SYN */
+	__u32 seq_offset; /* backend ISN - cookie, once the backend answered */
+	__u16 mss;        /* the MSS the cookie carries, sent on in the SYN */
+	__u8 answered;    /* the backend's SYN-ACK came: seq_offset is set */
+	__u8 pad;
+};
+
+/* Handshakes of one service port at its external frontends in the
+ * current second (opened: SYNs that started a flow or got a cookie;
+ * completed: flows their client confirmed, cookies that checked out),
+ * and how many the previous second left incomplete: see syn_flood_due. */
+struct syn_flood {
+	__u64 window_ns;
+	__u32 opened;
+	__u32 completed;
+	__u32 incomplete_before;
+	__u32 pad;
 };
 
 /* ---- counters ---------------------------------------------------------- */
@@ -314,6 +359,13 @@ enum stat {
 	STAT_CT_CONFIRMED,        /* a flow confirmed: moved from ct_unconfirmed to conntrack */
 	STAT_DROP_NO_FLOW,        /* TCP without SYN, untracked, to a SNAT frontend: claims no port */
 	STAT_DROP_TUPLE_TAKEN,    /* the client tuple is a live flow of the other origin (spoofed) */
+	STAT_SYNCOOKIE_SENT,      /* a SYN answered with a SYN cookie SYN-ACK (XDP_TX): no state kept */
+	STAT_SYNCOOKIE_VALID,     /* an ACK's SYN cookie checked out: its flow opened to a backend */
+	STAT_SYNPROXY_ACK,        /* a backend's SYN-ACK to the SYN proxy answered with the client's ACK */
+	STAT_DROP_SYNPROXY_PENDING, /* to or from a SYN-proxied flow whose backend has not answered yet */
+	STAT_DROP_SYNPROXY_LOST,  /* a SYN-proxied flow lost its sequence offset (synproxy_flows) */
+	STAT_DROP_RST_OUT_OF_WINDOW, /* a tracked flow's RST far from its sender's sequence: changes nothing */
+	STAT_DROP_FIN_OUT_OF_WINDOW, /* the same for a FIN */
 	STAT_MAX,
 };
 
@@ -471,6 +523,20 @@ struct {
 	__uint(pinning, PIN);
 } nat SEC(".maps");
 
+/* The reverse halves of unconfirmed flows without SNAT (the reverse half
+ * of a SNAT flow lives in its port's slot): as ct_unconfirmed for the
+ * forward halves, so a flood of new flows to a backend on this node, or
+ * from a pod to a ClusterIP, evicts only other unconfirmed flows' reverse
+ * halves. A flow's reverse half moves to nat when it is confirmed
+ * (nat_confirm_entry). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct nat_key);
+	__type(value, struct nat_entry);
+	__uint(pinning, PIN);
+} nat_unconfirmed SEC(".maps");
+
 /* snat_buckets SNAT port ranges: see struct snat_slot. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -548,6 +614,26 @@ struct {
 	__type(value, struct svc_counter);
 	__uint(pinning, PIN);
 } svc_stats SEC(".maps");
+
+/* Flows opened by the SYN proxy: their sequence offsets (see
+ * struct synproxy_seq). Sized like conntrack; only a client that answered
+ * a cookie gets an entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ct_key);
+	__type(value, struct synproxy_seq);
+	__uint(pinning, PIN);
+} synproxy_flows SEC(".maps");
+
+/* Handshake counts by service port id: see struct syn_flood. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32); /* svc_id */
+	__type(value, struct syn_flood);
+	__uint(pinning, PIN);
+} syn_floods SEC(".maps");
 
 /* The ICMP error budget of each CPU, shared by every hook (icmp_limit.h):
  * its virtual clock, a CLOCK_MONOTONIC time. */
@@ -667,6 +753,7 @@ struct datapath_flags {
 	enum ct_flags ct;
 	enum snat_hints snat_hints;
 	enum snat_slot_flags snat_slot;
+	enum syn_cookie_mode syn_cookies;
 };
 const struct datapath_flags *datapath_flags_btf __attribute__((unused));
 

@@ -88,7 +88,8 @@ static __always_inline void nat_entry_of(const struct ct_key *flow, const struct
 	entry->backend_id = ct->backend_id;
 	entry->svc_id = ct->svc_id;
 	entry->flags = ct->flags;
-	entry->pad[0] = entry->pad[1] = entry->pad[2] = 0;
+	entry->reply_seq_known = 0;
+	entry->reply_seq_mark = 0;
 	entry->last_seen_ns = ct->last_seen_ns;
 	__builtin_memset(&entry->hop, 0, sizeof(entry->hop));
 }
@@ -492,11 +493,15 @@ static __always_inline void snat_release(const struct nat_key *key, const struct
  * The reverse entry a reply tuple belongs to: the slot of its SNAT port if
  * that slot holds exactly this tuple, else the nat map's entry (flows
  * without SNAT, and SNAT flows whose port's slot another backend's flow
- * held). NULL when there is none.
+ * held), else, with unconfirmed (a constant), nat_unconfirmed's. The XDP
+ * program does not look there: a reply it does not find goes on to the
+ * TC program behind it, which does. NULL when there is none.
  */
-static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *key)
+static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *key,
+							const int unconfirmed)
 {
 	struct datapath_config *cfg = config_get();
+	struct nat_entry *rev;
 
 	if (cfg && snat_port_in_range(cfg, key->dport)) {
 		struct snat_slot *slot = snat_slot_of(key, cfg);
@@ -504,11 +509,14 @@ static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *ke
 		if (slot && snat_slot_holds(slot, key))
 			return &slot->rev;
 	}
-	return bpf_map_lookup_elem(&nat, key);
+	rev = bpf_map_lookup_elem(&nat, key);
+	if (rev || !unconfirmed)
+		return rev;
+	return bpf_map_lookup_elem(&nat_unconfirmed, key);
 }
 
-/* The reverse half of a forward entry, if it is still that flow's; NULL
- * otherwise. */
+/* The reverse half of a SNAT flow's forward entry, if it is still that
+ * flow's; NULL otherwise. */
 static __always_inline struct nat_entry *reverse_of_flow(const struct ct_key *flow,
 							 const struct ct_entry *ct)
 {
@@ -516,15 +524,36 @@ static __always_inline struct nat_entry *reverse_of_flow(const struct ct_key *fl
 	struct nat_key key;
 
 	nat_key_of(flow, ct, &key);
-	rev = reverse_lookup(&key);
+	rev = reverse_lookup(&key, 0);
 	return rev && nat_entry_matches(rev, flow) ? rev : NULL;
 }
 
-/* Mark a reverse half confirmed, once its flow is (see ct_unconfirmed). */
-static __always_inline void nat_confirm_entry(struct nat_entry *rev)
+/* The map of flows without SNAT that holds a reverse half with these
+ * flags (see nat_unconfirmed). */
+static __always_inline void *dnat_table(__u8 flags)
 {
-	if (rev->flags & CT_F_UNCONFIRMED)
+	return (flags & CT_F_UNCONFIRMED) ? (void *)&nat_unconfirmed : (void *)&nat;
+}
+
+/* Confirm a reverse half (reply tuple key), once its flow is (see
+ * ct_unconfirmed): in place in a SNAT slot or a spill; a flow without
+ * SNAT's is copied from nat_unconfirmed to nat, where lookups find it
+ * first. The unconfirmed copy stays until its flow's next packet deletes
+ * it (nat_confirm_reverse) or it is evicted: a reply being translated may
+ * still read it, and a deleted LRU entry may be reused at once. */
+static __always_inline void nat_confirm_entry(const struct nat_key *key, struct nat_entry *rev)
+{
+	struct nat_entry confirmed;
+
+	if (!(rev->flags & CT_F_UNCONFIRMED))
+		return;
+	if (rev->flags & CT_F_SNAT) {
 		rev->flags &= ~CT_F_UNCONFIRMED;
+		return;
+	}
+	confirmed = *rev;
+	confirmed.flags &= ~CT_F_UNCONFIRMED;
+	bpf_map_update_elem(&nat, key, &confirmed, BPF_ANY);
 }
 
 enum snat_try {
@@ -766,16 +795,27 @@ static __always_inline int dnat_put(const struct ct_key *flow, const struct nat_
 				    const struct nat_entry *entry, int opening,
 				    const struct datapath_config *cfg, __u64 now)
 {
-	struct nat_entry *found = bpf_map_lookup_elem(&nat, key);
+	void *table = dnat_table(entry->flags);
+	struct nat_entry *found;
 	long err;
 
+	/* A confirmed flow's tuple is in nat, an unconfirmed one's in
+	 * nat_unconfirmed: an unconfirmed flow takes the tuple if neither
+	 * holds it for another live flow, a confirmed one (its reverse half
+	 * repaired) if no other confirmed flow holds it. */
+	found = bpf_map_lookup_elem(&nat, key);
 	if (reply_tuple_taken(flow, key, found, opening, cfg, now))
 		return -3;
-	err = bpf_map_update_elem(&nat, key, entry, found ? BPF_ANY : BPF_NOEXIST);
+	if (entry->flags & CT_F_UNCONFIRMED) {
+		found = bpf_map_lookup_elem(&nat_unconfirmed, key);
+		if (reply_tuple_taken(flow, key, found, opening, cfg, now))
+			return -3;
+	}
+	err = bpf_map_update_elem(table, key, entry, found ? BPF_ANY : BPF_NOEXIST);
 	if (err == -17 /* EEXIST */) {
 		/* Another CPU was first: with this flow's own packet (a
 		 * retransmission), or another flow's. */
-		found = bpf_map_lookup_elem(&nat, key);
+		found = bpf_map_lookup_elem(table, key);
 		return found && nat_entry_matches(found, flow) ? 0 : -3;
 	}
 	return err ? -2 : 0;
@@ -816,9 +856,9 @@ static __always_inline void nat_release(const struct ct_key *flow, const struct 
 		snat_release(&key, flow, cfg);
 		return;
 	}
-	entry = bpf_map_lookup_elem(&nat, &key);
+	entry = bpf_map_lookup_elem(dnat_table(ct->flags), &key);
 	if (entry && nat_entry_matches(entry, flow))
-		bpf_map_delete_elem(&nat, &key);
+		bpf_map_delete_elem(dnat_table(ct->flags), &key);
 }
 
 /* A reply found its reverse half in the nat map: if that is a spill, make
@@ -849,7 +889,7 @@ static __always_inline void nat_forget(const struct nat_key *key, const struct n
 		snat_release(key, &flow, cfg);
 		return;
 	}
-	bpf_map_delete_elem(&nat, key);
+	bpf_map_delete_elem((rev->flags & CT_F_SNAT) ? (void *)&nat : dnat_table(rev->flags), key);
 }
 
 enum nat_check {
@@ -959,7 +999,7 @@ static __always_inline enum nat_check dnat_ensure(const struct ct_key *flow,
 	struct nat_key key;
 
 	nat_key_of(flow, ct, &key);
-	found = bpf_map_lookup_elem(&nat, &key);
+	found = bpf_map_lookup_elem(dnat_table(ct->flags), &key);
 	if (found && nat_entry_matches(found, flow)) {
 		nat_keep_dated(found, cfg, now);
 		return NAT_OK;

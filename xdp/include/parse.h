@@ -40,6 +40,7 @@ struct packet {
 	__be16 dport;
 	__u8 proto;
 	__u8 tcp_flags; /* TCP_FLAG_* below, 0 for other protocols */
+	__u32 tcp_seq;  /* TCP sequence number, host order; 0 for other protocols */
 };
 
 #define TCP_FLAG_FIN 0x01
@@ -79,6 +80,7 @@ static __always_inline enum parse_result parse_packet_flags(void *data, void *da
 	if (!(flags & PARSE_F_SKB))
 		pkt->len = data_end - data;
 	pkt->tcp_flags = 0;
+	pkt->tcp_seq = 0;
 	pkt->sport = 0;
 	pkt->dport = 0;
 
@@ -132,6 +134,7 @@ static __always_inline enum parse_result parse_packet_flags(void *data, void *da
 		pkt->sport = tcp->source;
 		pkt->dport = tcp->dest;
 		pkt->tcp_flags = tcp_flags_of(tcp);
+		pkt->tcp_seq = bpf_ntohl(tcp->seq);
 		return PARSE_OK;
 	}
 	case IPPROTO_UDP: {

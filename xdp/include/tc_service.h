@@ -71,7 +71,7 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 
 	if (!res)
 		return TC_ACT_UNSPEC;
-	switch (flow_classify(skb, skb->ifindex, pkt, origin, cfg, now, res, &ct)) {
+	switch (flow_classify(skb, skb->ifindex, pkt, origin, HOOK_PLAIN, cfg, now, res, &ct)) {
 	case FLOW_PASS:
 		return TC_ACT_UNSPEC;
 	case FLOW_DROP:
@@ -82,6 +82,9 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 				  pkt->proto == IPPROTO_TCP ? STAT_REJECT_TCP : STAT_REJECT_ICMP);
 	case FLOW_RESET:
 		return skb_refuse(skb, pkt, res->reason);
+	case FLOW_COOKIE:
+		/* Not without HOOK_SYN_PROXY: admitted as usual. */
+		return TC_ACT_UNSPEC;
 	case FLOW_NEW:
 	case FLOW_PENDING:
 		break;
@@ -119,11 +122,12 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct packet *pkt,
 	__u64 now = bpf_ktime_get_coarse_ns();
 	struct flow_result *res = flow_result_get();
 	__u32 svc_id = rev->svc_id;
+	enum stat reason;
 
 	if (!res)
 		return TC_ACT_UNSPEC;
-	if (reverse_touch(key, rev, pkt, now)) {
-		count(STAT_DROP_STALE_NAT, skb->len);
+	if (reverse_touch(key, rev, pkt, now, &reason)) {
+		count(reason, skb->len);
 		return TC_ACT_SHOT;
 	}
 	count(STAT_REVERSE_NAT, 0);
@@ -140,7 +144,7 @@ static __always_inline int is_snat_reply(const struct datapath_config *cfg, cons
 	if (!snat_port_in_range(cfg, pkt->dport))
 		return 0;
 	nat_key_set(&key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
-	return reverse_lookup(&key) != NULL;
+	return reverse_lookup(&key, 1) != NULL;
 }
 
 /* Look for a reverse entry matching the packet as a reply. */
@@ -150,7 +154,7 @@ static __always_inline int tc_try_reply(struct __sk_buff *skb, struct packet *pk
 	struct nat_key key;
 
 	nat_key_set(&key, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport, pkt->proto);
-	rev = reverse_lookup(&key);
+	rev = reverse_lookup(&key, 1);
 	if (!rev)
 		return -1;
 	return tc_reply(skb, pkt, &key, rev);
@@ -189,7 +193,7 @@ static __always_inline int tc_icmp_error(struct __sk_buff *skb, struct packet *p
 	struct icmp_quote *quote;
 
 	quote = icmp_error_quote(pkt);
-	if (!quote || icmp_error_lookup(pkt, quote, &rw))
+	if (!quote || icmp_error_lookup(pkt, quote, &rw, 1))
 		return TC_ACT_UNSPEC;
 	icmp_error_rewrite(pkt, quote, &rw);
 	count(STAT_ICMP_TRANSLATED, skb->len);
