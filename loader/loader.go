@@ -384,7 +384,7 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) error {
 		"source_ranges":      opts.SourceRangesMax,
 		"conntrack":          opts.ConntrackMax,
 		"ct_unconfirmed":     opts.UnconfirmedFlows(),
-		"synproxy_flows":     opts.UnconfirmedFlows(), // flows opened under a SYN flood: see SYNProxyFlows
+		"synproxy_flows":     opts.ConntrackMax, // a flow opened under a SYN flood lives as long as any
 		"syn_floods":         opts.ServicesMax,
 		"nat":                opts.NATMax,
 		"nat_unconfirmed":    opts.UnconfirmedFlows(),

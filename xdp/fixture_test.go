@@ -345,6 +345,27 @@ func (f *fixture) reverseEntries() int {
 	return n
 }
 
+// reverseByTuple reads the reverse half of a flow without SNAT by its reply
+// tuple, from nat or else nat_unconfirmed, as the TC programs find it.
+func (f *fixture) reverseByTuple(k xdp.NicNatKey, rev *xdp.NicNatEntry) error {
+	err := f.dp.Maps.NAT.Lookup(k, rev)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		err = f.dp.Maps.NATUnconfirmed.Lookup(k, rev)
+	}
+	return err
+}
+
+// deleteReverseByTuple deletes the reverse half of a flow without SNAT as
+// an eviction would, from nat and nat_unconfirmed; it fails when neither
+// held it.
+func (f *fixture) deleteReverseByTuple(k xdp.NicNatKey) error {
+	errNAT, errUnconfirmed := f.dp.Maps.NAT.Delete(k), f.dp.Maps.NATUnconfirmed.Delete(k)
+	if errNAT != nil && errUnconfirmed != nil {
+		return errors.Join(errNAT, errUnconfirmed)
+	}
+	return nil
+}
+
 // expectCounters runs fn and checks that exactly the named counters moved
 // by the given amounts ("rx" is implied and ignored).
 func (f *fixture) expectCounters(want map[string]uint64, fn func()) {

@@ -1414,7 +1414,7 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	repliesLeaveAs := func(want netip.AddrPort) {
 		t.Helper()
 		var rev xdp.NicNatEntry
-		if err := f.dp.Maps.NAT.Lookup(replyTuple, &rev); err != nil {
+		if err := f.reverseByTuple(replyTuple, &rev); err != nil {
 			t.Fatalf("reverse half of the reply tuple: %v", err)
 		}
 		if got := netip.AddrPortFrom(xdp.NetToAddr(rev.FrontendAddr), xdp.NetToPort(rev.FrontendPort)); got != want {
@@ -1467,7 +1467,7 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	// taking the tuple back, once a second, in turn.
 	second := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
 		Frontend: netip.AddrPortFrom(lbIP, lbPort), Proto: packet.TCP}
-	if err := f.dp.Maps.NAT.Delete(replyTuple); err != nil {
+	if err := f.deleteReverseByTuple(replyTuple); err != nil {
 		t.Fatal(err)
 	}
 	f.expectCounters(started, func() {
@@ -1526,7 +1526,7 @@ func TestClosedFlowYieldsItsReplyTupleToANewConnection(t *testing.T) {
 			repliesLeaveAs := func(want netip.Addr) {
 				t.Helper()
 				var rev xdp.NicNatEntry
-				if err := f.dp.Maps.NAT.Lookup(replyTuple, &rev); err != nil {
+				if err := f.reverseByTuple(replyTuple, &rev); err != nil {
 					t.Fatalf("reverse half of the reply tuple: %v", err)
 				}
 				if got := xdp.NetToAddr(rev.FrontendAddr); got != want {
@@ -1627,7 +1627,7 @@ func TestReplyTupleTakenUDPIsDropped(t *testing.T) {
 		Daddr: xdp.AddrToNet(clientAddr), Dport: xdp.PortToNet(clientPort), Proto: packet.UDP}
 	first := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
 		Frontend: netip.AddrPortFrom(nodeAddr, 30053), Proto: packet.UDP}
-	if err := f.dp.Maps.NAT.Delete(replyTuple); err != nil {
+	if err := f.deleteReverseByTuple(replyTuple); err != nil {
 		t.Fatal(err)
 	}
 	f.expectCounters(map[string]uint64{"new_flow": 1, "pass_to_stack": 1}, func() {

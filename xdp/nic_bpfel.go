@@ -355,7 +355,9 @@ const (
 	NicStatSTAT_DROP_SYNPROXY_LOST     NicStat = 53
 	NicStatSTAT_DROP_RST_OUT_OF_WINDOW NicStat = 54
 	NicStatSTAT_DROP_FIN_OUT_OF_WINDOW NicStat = 55
-	NicStatSTAT_MAX                    NicStat = 56
+	NicStatSTAT_RST_SYNPROXY_LOST      NicStat = 56
+	NicStatSTAT_DROP_SYNPROXY_IN_TC    NicStat = 57
+	NicStatSTAT_MAX                    NicStat = 58
 )
 
 type NicSvcCounter struct {

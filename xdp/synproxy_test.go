@@ -52,9 +52,9 @@ func (f *fixture) counterDeltas(fn func(), names ...string) map[string]uint64 {
 }
 
 // proxiedHandshake sends a client's SYN (answered with a cookie) and its
-// ACK (opening the backend's side): the cookie SYN-ACK and the SYN that
-// left for the backend.
-func (f *fixture) proxiedHandshake(sport uint16) (synAck, toBackend packet.Frame) {
+// ACK (opening the backend's side, sent on with verdict): the cookie
+// SYN-ACK and the SYN that left for the backend.
+func (f *fixture) proxiedHandshake(sport uint16, verdict uint32) (synAck, toBackend packet.Frame) {
 	f.t.Helper()
 	r := f.run(clientSYN(sport).Bytes(), f.nic0)
 	f.expectVerdict(r, xdpTX)
@@ -62,7 +62,7 @@ func (f *fixture) proxiedHandshake(sport uint16) (synAck, toBackend packet.Frame
 	ack := tcpFrame(clientAddr, sport, nodeAddr, 30100, packet.ACK, "")
 	ack.Seq, ack.Ack = 1001, synAck.Seq+1
 	r = f.run(ack.Bytes(), f.nic0)
-	f.expectVerdict(r, xdpRedirect)
+	f.expectVerdict(r, verdict)
 	return synAck, decode(f.t, r.out)
 }
 
@@ -166,7 +166,7 @@ func TestSYNProxyBeforeTheBackendAnswers(t *testing.T) {
 	f := newFixture(t)
 	f.program(oneRemoteBackend())
 	f.setSYNCookies(loader.SYNCookiesAlways, 0)
-	synAck, syn := f.proxiedHandshake(7002)
+	synAck, syn := f.proxiedHandshake(7002, xdpRedirect)
 
 	// Data the client sends meanwhile sends the SYN again (its payload
 	// comes again once the backend answered).
@@ -197,21 +197,35 @@ func TestSYNProxyBeforeTheBackendAnswers(t *testing.T) {
 	}
 }
 
-func TestSYNProxyFlowWithoutItsOffsetIsDropped(t *testing.T) {
+// A flow opened by the SYN proxy whose offset was lost cannot be
+// translated: it ends, and its client is told.
+func TestSYNProxyFlowWithoutItsOffsetEnds(t *testing.T) {
 	f := newFixture(t)
 	f.program(oneRemoteBackend())
 	f.setSYNCookies(loader.SYNCookiesAlways, 0)
-	synAck, _ := f.proxiedHandshake(7003)
-	key := xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
-		Sport: xdp.PortToNet(7003), Dport: xdp.PortToNet(30100), Proto: packet.TCP}
-	if err := f.dp.Maps.SYNProxyFlows.Delete(key); err != nil {
-		t.Fatal(err)
-	}
+	synAck, syn := f.proxiedHandshake(7003, xdpRedirect)
+	flow := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 7003),
+		Frontend: netip.AddrPortFrom(nodeAddr, 30100), Proto: packet.TCP}
+	// The backend answers, the client's data confirms the flow.
+	backendSynAck := replyTo(syn, packet.SYN|packet.ACK)
+	backendSynAck.Seq, backendSynAck.Ack = 5000, 1001
+	f.expectVerdict(f.run(backendSynAck.Bytes(), f.nic1), xdpTX)
 	data := tcpFrame(clientAddr, 7003, nodeAddr, 30100, packet.ACK, "")
 	data.Seq, data.Ack = 1001, synAck.Seq+1
-	f.expectCounters(map[string]uint64{"drop_synproxy_lost": 1}, func() {
-		f.expectVerdict(f.run(data.Bytes(), f.nic0), xdpDrop)
-	})
+	f.expectVerdict(f.run(data.Bytes(), f.nic0), xdpRedirect)
+
+	if err := f.dp.Maps.SYNProxyFlows.Delete(ctKeyOf(flow)); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	f.expectCounters(map[string]uint64{"rst_synproxy_lost": 1}, func() { r = f.run(data.Bytes(), f.nic0) })
+	f.expectVerdict(r, xdpTX)
+	if rst := decode(t, r.out); rst.Flags&packet.RST == 0 || rst.Dst != clientAddr || rst.Seq != synAck.Seq+1 {
+		t.Fatalf("answer %+v: want a RST to the client in its window (seq %d)", rst, synAck.Seq+1)
+	}
+	if !dataplane.TCPClosing(f.mustFlow(flow).TCPState) {
+		t.Error("the flow is not closing after its offset was lost")
+	}
 }
 
 // With SYN cookies on auto, a service port's SYNs get cookies once the
@@ -264,5 +278,59 @@ func TestRetransmittedSYNOfAnEarlierFlowGetsNoCookie(t *testing.T) {
 	f.expectVerdict(r, xdpRedirect)
 	if out := decode(t, r.out); out.Flags != packet.SYN || out.Dst != remotePod1 {
 		t.Fatalf("retransmitted SYN %+v: want it sent on to its flow's backend", out)
+	}
+}
+
+// A backend on this node (externalTrafficPolicy Local): the XDP program
+// proxies the handshake as for a remote one, and the TC program on the
+// pod's interface answers the pod's SYN-ACK and translates its replies.
+func TestSYNProxyToALocalBackend(t *testing.T) {
+	f := newFixture(t)
+	f.program(service{
+		svcID: 5, tableID: 5,
+		frontends: []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.TCP}},
+		flags:     dataplane.FrontendExternal | dataplane.FrontendLocalSet | dataplane.FrontendDropIfEmpty,
+		backends:  map[uint32]dataplane.Backend{3: backendLocal},
+		table:     []uint32{3},
+	})
+	f.setSYNCookies(loader.SYNCookiesAlways, 0)
+	// The pod's interface takes no XDP_REDIRECT: the SYN goes on to it
+	// through the TC program (handoff), translated.
+	synAck, syn := f.proxiedHandshake(7004, xdpPass)
+	if syn.Dst != localPod || syn.Src != clientAddr || syn.Flags != packet.SYN || syn.Seq != 1000 {
+		t.Fatalf("SYN to the local backend %+v: want the client's own SYN, DNATed", syn)
+	}
+
+	const podISN = 424242
+	podSynAck := replyTo(syn, packet.SYN|packet.ACK)
+	podSynAck.Seq, podSynAck.Ack = podISN, 1001
+	podSynAck.SrcMAC = localPodMAC
+	verdict, raw := f.runTC(f.dp.PodProgram(), podSynAck.Bytes(), f.pod0)
+	if verdict != tcActRedirect {
+		t.Fatalf("pod's SYN-ACK: verdict %d, want a redirect (the proxy's ACK, back into the pod)", int32(verdict))
+	}
+	ack := decode(t, raw)
+	if ack.Flags != packet.ACK || ack.Seq != 1001 || ack.Ack != podISN+1 || ack.Src != clientAddr ||
+		ack.SrcPort != 7004 || ack.Dst != localPod || ack.DstPort != podPort ||
+		ack.DstMAC.String() != localPodMAC.String() {
+		t.Fatalf("the proxy's ACK to the pod %+v: want client:7004 -> pod, seq 1001 ack %d", ack, podISN+1)
+	}
+
+	data := tcpFrame(clientAddr, 7004, nodeAddr, 30100, packet.ACK|packet.PSH, "hello")
+	data.Seq, data.Ack = 1001, synAck.Seq+1
+	r := f.run(data.Bytes(), f.nic0)
+	f.expectVerdict(r, xdpPass)
+	if out := decode(t, r.out); out.Ack != podISN+1 || out.Dst != localPod {
+		t.Fatalf("client data at the pod: ack %d to %s, want ack %d", out.Ack, out.Dst, podISN+1)
+	}
+	answer := replyTo(syn, packet.ACK|packet.PSH)
+	answer.Seq, answer.Ack, answer.Payload = podISN+1, 1006, []byte("world")
+	verdict, raw = f.runTC(f.dp.PodProgram(), answer.Bytes(), f.pod0)
+	if verdict != tcActRedirect {
+		t.Fatalf("pod's answer: verdict %d", int32(verdict))
+	}
+	if out := decode(t, raw); out.Seq != synAck.Seq+1 || out.Src != nodeAddr || out.SrcPort != 30100 ||
+		out.Dst != clientAddr || string(out.Payload) != "world" {
+		t.Fatalf("pod's answer at the client %+v: want seq %d from the frontend", out, synAck.Seq+1)
 	}
 }

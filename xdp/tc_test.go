@@ -223,7 +223,7 @@ func TestPodFlowWithATakenReplyTupleIsReset(t *testing.T) {
 	// the tuple: the first ends at its next check, with a RST too.
 	replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Sport: xdp.PortToNet(backendRemote1.Port),
 		Daddr: xdp.AddrToNet(podAddr), Dport: xdp.PortToNet(first.SrcPort), Proto: packet.TCP}
-	if err := f.dp.Maps.NAT.Delete(replyTuple); err != nil {
+	if err := f.deleteReverseByTuple(replyTuple); err != nil {
 		t.Fatal(err)
 	}
 	second.Flags = packet.SYN

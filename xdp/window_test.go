@@ -28,6 +28,8 @@ func TestRSTAndFINCountOnlyInWindow(t *testing.T) {
 		{name: "client FIN in window", seg: segment{flags: packet.FIN | packet.ACK, seq: mark / 2}, wantPassed: true},
 		{name: "client RST after 2.5 MB sent", before: bulk(false, 40, 64000), seg: segment{flags: packet.RST, seq: 40 * 64000}, wantPassed: true},
 		{name: "client RST at its ISN after 2.5 MB sent", before: bulk(false, 40, 64000), seg: segment{flags: packet.RST, seq: 0}, wantDrop: "drop_rst_out_of_window"},
+		{name: "client RST after a blind ACK far ahead", before: []segment{{flags: packet.ACK, seq: 300 * mark}}, seg: segment{flags: packet.RST, seq: 300 * mark}, wantDrop: "drop_rst_out_of_window"},
+		{name: "client RST after a new SYN on the tuple", before: []segment{{flags: packet.SYN, seq: 3000 * mark}}, seg: segment{flags: packet.RST, seq: 3000 * mark}, wantDrop: "drop_rst_out_of_window"},
 		{name: "backend RST at its next sequence", seg: segment{fromBackend: true, flags: packet.RST, seq: 1}, wantPassed: true},
 		{name: "backend RST far ahead", seg: segment{fromBackend: true, flags: packet.RST, seq: 5000 * mark}, wantDrop: "drop_rst_out_of_window"},
 		{name: "backend FIN far ahead", seg: segment{fromBackend: true, flags: packet.FIN | packet.ACK, seq: 9000 * mark}, wantDrop: "drop_fin_out_of_window"},

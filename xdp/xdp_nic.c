@@ -185,11 +185,12 @@ static __always_inline int syn_for_backend(struct xdp_md *ctx, struct packet *pk
  * ACK that answered its cookie (opened) and anything its client sends
  * before the backend answered become the proxy's SYN (sent again until
  * the backend answers); after that, its acknowledgement is translated to
- * the backend's sequence numbers. Returns 0 to translate pkt and send it
- * on, or the verdict.
+ * the backend's sequence numbers. A flow whose offset was lost ends, and
+ * its client is told. Returns 0 to translate pkt and send it on, or the
+ * verdict.
  */
 static __always_inline int synproxy_client(struct xdp_md *ctx, struct packet *pkt,
-					   const struct flow_result *res, int opened)
+					   const struct flow_result *res, struct ct_entry *ct, int opened)
 {
 	struct synproxy_seq *sp, fresh;
 	struct tcphdr *tcp;
@@ -204,8 +205,12 @@ static __always_inline int synproxy_client(struct xdp_md *ctx, struct packet *pk
 		return syn_for_backend(ctx, pkt, &fresh) ? XDP_DROP : 0;
 	}
 	sp = bpf_map_lookup_elem(&synproxy_flows, &res->key);
-	if (!sp)
-		return drop(STAT_DROP_SYNPROXY_LOST, pkt->len);
+	if (!sp) {
+		/* Its sequence numbers cannot be translated: the flow ends
+		 * (reset: it times out as a closed connection). */
+		ct_add_tcp_state(ct, CT_TCP_RST);
+		return reset_client(ctx, pkt, STAT_RST_SYNPROXY_LOST);
+	}
 	if (!sp->answered) {
 		/* A RST goes as it is: the backend's half-open side ends. */
 		if (pkt->tcp_flags & TCP_FLAG_RST)
@@ -272,7 +277,7 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		break;
 	}
 	if (ct->flags & CT_F_SYNPROXY) {
-		verdict = synproxy_client(ctx, pkt, res, opened);
+		verdict = synproxy_client(ctx, pkt, res, ct, opened);
 		if (verdict)
 			return verdict;
 	}

@@ -92,7 +92,7 @@ func agentFlags() []cli.Flag {
 		&cli.UintFlag{Name: "icmp-rate", Value: uint(d.ICMPRate), EnvVars: env("icmp-rate"),
 			Usage: fmt.Sprintf("ICMP port unreachables the datapath sends (for a Service without endpoints), per second and CPU after a burst of %d, as the kernel limits its own errors (fragmentation needed is not limited); 0: no limit", loader.ICMPErrorBurst)},
 		&cli.StringFlag{Name: "syn-cookies", Value: d.SYNCookies.String(), EnvVars: env("syn-cookies"),
-			Usage: "when SYNs to a NodePort, LoadBalancer IP or externalIP with backends on other nodes are answered with SYN cookies by XDP, which then opens the connections of the clients that answer them (a SYN proxy): auto (while a service port is under a SYN flood, see --syn-flood-threshold), always, or off"},
+			Usage: "when SYNs to a NodePort, LoadBalancer IP or externalIP (but for host-network backends) are answered with SYN cookies by XDP, which then opens the connections of the clients that answer them (a SYN proxy): auto (while a service port is under a SYN flood, see --syn-flood-threshold), always, or off"},
 		&cli.UintFlag{Name: "syn-flood-threshold", Value: uint(d.SYNFloodThreshold), EnvVars: env("syn-flood-threshold"),
 			Usage: "with --syn-cookies auto: how many TCP handshakes a service port may leave incomplete within a second before its SYNs are answered with SYN cookies"},
 		&cli.StringSliceFlag{Name: "nodeport-addresses", EnvVars: env("nodeport-addresses"), DefaultText: "the addresses of --iface",

@@ -633,7 +633,7 @@ func synCookiesLine(d inspect.Settings, ports []string) string {
 		}
 		return line + "; now: " + strings.Join(ports, ", ")
 	case "always":
-		return "SYN cookies answer every SYN to an external frontend with remote backends"
+		return "SYN cookies answer every SYN to an external frontend (but for host-network backends)"
 	default:
 		return "no SYN cookies"
 	}

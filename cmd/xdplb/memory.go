@@ -20,7 +20,7 @@ func mapFlags() map[string]string {
 	return map[string]string{
 		"conntrack":          "conntrack-max",
 		"ct_unconfirmed":     "conntrack-max", // a quarter of it
-		"synproxy_flows":     "conntrack-max", // a quarter of it
+		"synproxy_flows":     "conntrack-max",
 		"affinity":           "conntrack-max", // an eighth of it
 		"nat":                "nat-max",
 		"nat_unconfirmed":    "conntrack-max", // a quarter of it

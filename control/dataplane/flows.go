@@ -433,7 +433,8 @@ func (d *Dataplane) FlowEntries() (int, error) {
 }
 
 // ResetFlows forgets every tracked flow: conntrack, both kinds of reverse
-// halves, SNAT port hands and ClientIP affinity. Flows in progress start
+// halves, SNAT port hands, ClientIP affinity, the SYN proxy's offsets and
+// handshake counts. Flows in progress start
 // over as new ones. It is for a datapath without traffic (perf runs use it
 // between repetitions).
 func (d *Dataplane) ResetFlows() error {
@@ -461,6 +462,15 @@ func (d *Dataplane) ResetFlows() error {
 			return nil
 		}},
 		{"affinity", func() error { return clearHash[xdp.NicAffinityKey, xdp.NicAffinityEntry](d.m.Affinity) }},
+		{"SYN proxy", func() error {
+			if d.m.SYNProxyFlows == nil {
+				return nil
+			}
+			if err := clearHash[xdp.NicCtKey, xdp.NicSynproxySeq](d.m.SYNProxyFlows); err != nil {
+				return err
+			}
+			return zeroArray[xdp.NicSynFlood](d.m.SYNFloods)
+		}},
 		{"SNAT bucket hands", func() error { return zeroArray[xdp.NicSnatBucketHand](d.m.SNATBucketHands) }},
 		{"SNAT backend hands", func() error { return zeroArray[uint32](d.m.SNATBackendHands) }},
 	}

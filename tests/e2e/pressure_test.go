@@ -220,41 +220,54 @@ func (s *sandbox) counters() map[string]uint64 {
 	return out
 }
 
-// With --syn-cookies always, every connection to a remote backend opens
-// through the SYN proxy: the client's kernel completes its handshake with
-// the cookie, the backend's with the proxy, and data flows both ways with
-// each side's own sequence numbers, across many exchanges.
+// With --syn-cookies always, every connection opens through the SYN
+// proxy: the client's kernel completes its handshake with the cookie, the
+// backend's with the proxy, and data flows both ways with each side's own
+// sequence numbers, across many exchanges; to pods on another node and,
+// with externalTrafficPolicy Local, to a pod on the edge node.
 func TestConnectionsOpenThroughTheSYNProxy(t *testing.T) {
-	s := newSandbox(t, 2, 0)
-	s.write(shop(s.pods...))
-	s.startAgent("--syn-cookies", "always")
+	for _, tc := range []struct {
+		name          string
+		remote, local int
+	}{
+		{"remote backends", 2, 0},
+		{"local backend", 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t, tc.remote, tc.local)
+			svc := shop(append(append([]*topology.Pod{}, s.pods...), s.local...)...)
+			svc.Local = tc.local > 0
+			s.write(svc)
+			s.startAgent("--syn-cookies", "always")
 
-	for i := range 5 {
-		l, err := s.topo.OpenLine(addr(lbIP, 9000))
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		first, err := l.Ask()
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		for j := range 20 {
-			name, err := l.Ask()
-			if err != nil || name != first {
-				t.Fatalf("connection %d, exchange %d: %q, %v (first answered %q)", i, j, name, err, first)
+			for i := range 5 {
+				l, err := s.topo.OpenLine(addr(lbIP, 9000))
+				if err != nil {
+					t.Fatalf("connection %d: %v", i, err)
+				}
+				first, err := l.Ask()
+				if err != nil {
+					t.Fatalf("connection %d: %v", i, err)
+				}
+				for j := range 20 {
+					name, err := l.Ask()
+					if err != nil || name != first {
+						t.Fatalf("connection %d, exchange %d: %q, %v (first answered %q)", i, j, name, err, first)
+					}
+				}
+				l.Close()
 			}
-		}
-		l.Close()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := s.topo.HTTPGet(ctx, addr(lbIP, 80)); err != nil {
-		t.Fatalf("HTTP through the SYN proxy: %v", err)
-	}
-	c := s.counters()
-	if c["syncookie_sent"] < 6 || c["syncookie_valid"] < 6 || c["synproxy_ack"] < 6 {
-		t.Errorf("counters %v: want every connection's SYN answered with a cookie, checked, and its backend's SYN-ACK answered",
-			map[string]uint64{"syncookie_sent": c["syncookie_sent"], "syncookie_valid": c["syncookie_valid"], "synproxy_ack": c["synproxy_ack"]})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := s.topo.HTTPGet(ctx, addr(lbIP, 80)); err != nil {
+				t.Fatalf("HTTP through the SYN proxy: %v", err)
+			}
+			c := s.counters()
+			if c["syncookie_sent"] < 6 || c["syncookie_valid"] < 6 || c["synproxy_ack"] < 6 {
+				t.Errorf("counters %v: want every connection's SYN answered with a cookie, checked, and its backend's SYN-ACK answered",
+					map[string]uint64{"syncookie_sent": c["syncookie_sent"], "syncookie_valid": c["syncookie_valid"], "synproxy_ack": c["synproxy_ack"]})
+			}
+		})
 	}
 }
 

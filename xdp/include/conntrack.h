@@ -108,14 +108,17 @@ static __always_inline void ct_add_tcp_state(struct ct_entry *ct, __u8 bits)
  * mark, in 64 KiB units), written only when it moves on, so a bulk
  * transfer writes it once per 64 KiB. A RST or FIN is in window when its
  * sequence number lies from SEQ_WINDOW_BEHIND units behind the mark (data
- * of a large window still in flight) to SEQ_WINDOW_AHEAD unit ahead of it
- * (the unit the sender's next byte starts): a blind attacker hits it with
- * one guess in about 1900. The kernel's conntrack checks the window the
- * receiver announced instead; xdplb keeps no per-packet window state, so
- * its check is coarser, with the entries' layout unchanged.
+ * of a large window still in flight) to SEQ_WINDOW_AHEAD units ahead of it
+ * (past the largest GSO packet the mark may have been taken from): a
+ * blind attacker hits it with one guess in about 1600. The mark moves
+ * only by packets in that window too, never by a SYN, so a blind packet
+ * far ahead cannot move it for a RST to follow. The kernel's conntrack
+ * checks the window the receiver announced instead; xdplb keeps no
+ * per-packet window state, so its check is coarser, with the entries'
+ * layout unchanged.
  */
 #define SEQ_WINDOW_BEHIND 32
-#define SEQ_WINDOW_AHEAD 1
+#define SEQ_WINDOW_AHEAD 8
 
 static __always_inline __u16 seq_mark_of(__u32 seq)
 {
@@ -130,11 +133,14 @@ static __always_inline int seq_in_window(__u16 mark, __u32 seq)
 	return d >= -SEQ_WINDOW_BEHIND && d <= SEQ_WINDOW_AHEAD;
 }
 
-/* Is seq past the unit of mark (a mark never moves back: an older
- * sequence number is a retransmission)? */
+/* Does a packet at seq move its sender's mark on: past the mark's unit,
+ * within the window (a mark never moves back: an older sequence number is
+ * a retransmission)? */
 static __always_inline int seq_mark_advances(__u16 mark, __u32 seq)
 {
-	return (__s16)(seq_mark_of(seq) - mark) > 0;
+	__s16 d = (__s16)(seq_mark_of(seq) - mark);
+
+	return d > 0 && d <= SEQ_WINDOW_AHEAD;
 }
 
 /* Why a RST or FIN out of window is dropped: it changes nothing. */
@@ -152,9 +158,12 @@ static __always_inline int ct_seq_acceptable(const struct ct_entry *ct, const st
 	       !(ct->tcp_state & CT_TCP_SEQ_KNOWN) || seq_in_window(ct->seq_mark, pkt->tcp_seq);
 }
 
-/* Follow the client's sequence with a packet of its. */
+/* Follow the client's sequence with a packet of its (not a SYN: a new
+ * one on a live tuple is no part of its sequence). */
 static __always_inline void ct_seq_track(struct ct_entry *ct, const struct packet *pkt)
 {
+	if (pkt->tcp_flags & TCP_FLAG_SYN)
+		return;
 	if (!(ct->tcp_state & CT_TCP_SEQ_KNOWN)) {
 		ct->seq_mark = seq_mark_of(pkt->tcp_seq);
 		ct_add_tcp_state(ct, CT_TCP_SEQ_KNOWN);
@@ -170,13 +179,14 @@ static __always_inline int nat_seq_acceptable(const struct nat_entry *rev, const
 	       seq_in_window(rev->reply_seq_mark, pkt->tcp_seq);
 }
 
-/* Follow the backend's sequence with a reply. */
+/* Follow the backend's sequence with a reply (its SYN-ACK starts it). */
 static __always_inline void nat_seq_track(struct nat_entry *rev, const struct packet *pkt)
 {
 	if (!rev->reply_seq_known) {
 		rev->reply_seq_mark = seq_mark_of(pkt->tcp_seq);
 		rev->reply_seq_known = 1;
-	} else if (seq_mark_advances(rev->reply_seq_mark, pkt->tcp_seq)) {
+	} else if (!(pkt->tcp_flags & TCP_FLAG_SYN) &&
+		   seq_mark_advances(rev->reply_seq_mark, pkt->tcp_seq)) {
 		rev->reply_seq_mark = seq_mark_of(pkt->tcp_seq);
 	}
 }

@@ -164,16 +164,17 @@ static __always_inline int port_has_frontend(__be16 port)
 }
 
 /*
- * A TCP packet from outside with no flow, to a backend elsewhere (so
- * SNATed), in a hook with HOOK_SYN_PROXY: is it the SYN proxy's (see
+ * A TCP packet from outside with no flow, to a backend that is not the
+ * node itself, in a hook with HOOK_SYN_PROXY: is it the SYN proxy's (see
  * synproxy.h)? Returns FLOW_COOKIE for a SYN to answer with a cookie
  * (res->cookie, res->cookie_mss); FLOW_NEW for an ACK that answered a
  * cookie, whose flow, flagged CT_F_SYNPROXY in fresh, opens as if by its
- * SYN (res->cookie, res->client_isn, res->cookie_mss); FLOW_DROP for a
- * segment without SYN that claims no port (STAT_DROP_NO_FLOW); FLOW_PASS
- * to admit it as usual.
+ * SYN (res->cookie, res->client_isn, res->cookie_mss); FLOW_DROP for
+ * another segment without SYN to a backend it would be SNATed to (snat),
+ * which claims no port (STAT_DROP_NO_FLOW); FLOW_PASS to admit it as
+ * usual.
  */
-static __always_inline enum flow_verdict flow_syn_proxy(const struct packet *pkt,
+static __always_inline enum flow_verdict flow_syn_proxy(const struct packet *pkt, int snat,
 							 struct ct_entry *fresh,
 							 const struct datapath_config *cfg, __u64 now,
 							 struct flow_result *res)
@@ -196,6 +197,8 @@ static __always_inline enum flow_verdict flow_syn_proxy(const struct packet *pkt
 	if (!tcp_mid_connection(pkt))
 		return FLOW_PASS;
 	if (!syncookie_answered(pkt, &res->cookie, &res->client_isn)) {
+		if (!snat)
+			return FLOW_PASS; /* picked up mid-stream, as ever */
 		res->reason = STAT_DROP_NO_FLOW;
 		return FLOW_DROP;
 	}
@@ -292,9 +295,9 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 
 	/* Before the route: a SYN answered with a cookie costs no lookup. */
 	if ((features & HOOK_SYN_PROXY) && pkt->proto == IPPROTO_TCP &&
-	    origin == ORIGIN_EXTERNAL && (fe->flags & FE_SNAT_REMOTE) &&
-	    !(pick.backend.flags & BE_LOCAL)) {
-		switch (flow_syn_proxy(pkt, fresh, cfg, now, res)) {
+	    origin == ORIGIN_EXTERNAL && !(pick.backend.flags & BE_HOST)) {
+		snat = (fe->flags & FE_SNAT_REMOTE) && !(pick.backend.flags & BE_LOCAL);
+		switch (flow_syn_proxy(pkt, snat, fresh, cfg, now, res)) {
 		case FLOW_COOKIE:
 			return FLOW_COOKIE;
 		case FLOW_DROP:
@@ -409,18 +412,16 @@ static __always_inline void nat_confirm_reverse(const struct ct_key *flow,
 	struct nat_entry *rev;
 	struct nat_key key;
 
+	nat_key_of(flow, ct, &key);
 	if (ct->flags & CT_F_SNAT) {
 		rev = reverse_of_flow(flow, ct);
 		if (rev)
 			nat_confirm_entry(&key, rev);
 		return;
 	}
-	nat_key_of(flow, ct, &key);
 	rev = bpf_map_lookup_elem(&nat_unconfirmed, &key);
-	if (!rev || !nat_entry_matches(rev, flow))
-		return;
-	nat_confirm_entry(&key, rev);
-	bpf_map_delete_elem(&nat_unconfirmed, &key);
+	if (rev && nat_entry_matches(rev, flow))
+		nat_confirm_entry(&key, rev);
 }
 
 /* Date an unconfirmed SNAT flow's reverse half from its client's side
@@ -510,6 +511,8 @@ static __always_inline int flow_forget_dead(const struct ct_entry *ct, const str
 	int reset = gone && tcp_mid_connection(pkt);
 
 	nat_release(&res->key, ct);
+	if (ct->flags & CT_F_SYNPROXY)
+		bpf_map_delete_elem(&synproxy_flows, &res->key);
 	ct_delete(&res->key, ct);
 	if (reset)
 		res->reason = STAT_RST_BACKEND_GONE;

@@ -363,9 +363,11 @@ enum stat {
 	STAT_SYNCOOKIE_VALID,     /* an ACK's SYN cookie checked out: its flow opened to a backend */
 	STAT_SYNPROXY_ACK,        /* a backend's SYN-ACK to the SYN proxy answered with the client's ACK */
 	STAT_DROP_SYNPROXY_PENDING, /* to or from a SYN-proxied flow whose backend has not answered yet */
-	STAT_DROP_SYNPROXY_LOST,  /* a SYN-proxied flow lost its sequence offset (synproxy_flows) */
+	STAT_DROP_SYNPROXY_LOST,  /* a backend's reply in a SYN-proxied flow that lost its offset (synproxy_flows) */
 	STAT_DROP_RST_OUT_OF_WINDOW, /* a tracked flow's RST far from its sender's sequence: changes nothing */
 	STAT_DROP_FIN_OUT_OF_WINDOW, /* the same for a FIN */
+	STAT_RST_SYNPROXY_LOST,   /* a client's packet in a SYN-proxied flow that lost its offset: RST, the flow ends */
+	STAT_DROP_SYNPROXY_IN_TC, /* a SYN-proxied flow's packet XDP left to TC (IP options, a fragment) */
 	STAT_MAX,
 };
 
@@ -616,8 +618,8 @@ struct {
 } svc_stats SEC(".maps");
 
 /* Flows opened by the SYN proxy: their sequence offsets (see
- * struct synproxy_seq). Sized like conntrack; only a client that answered
- * a cookie gets an entry. */
+ * struct synproxy_seq). Sized like conntrack, deleted with the flow; only
+ * a client that answered a cookie gets an entry. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);

@@ -538,22 +538,23 @@ static __always_inline void *dnat_table(__u8 flags)
 /* Confirm a reverse half (reply tuple key), once its flow is (see
  * ct_unconfirmed): in place in a SNAT slot or a spill; a flow without
  * SNAT's is copied from nat_unconfirmed to nat, where lookups find it
- * first. The unconfirmed copy stays until its flow's next packet deletes
- * it (nat_confirm_reverse) or it is evicted: a reply being translated may
- * still read it, and a deleted LRU entry may be reused at once. */
+ * first. The copy left in nat_unconfirmed is marked confirmed too (its
+ * holder is judged by its flow in conntrack) and stays until the flow
+ * ends (nat_release) or it is evicted: a reply being translated on
+ * another CPU may still read it, and a deleted LRU entry may be reused at
+ * once. */
 static __always_inline void nat_confirm_entry(const struct nat_key *key, struct nat_entry *rev)
 {
 	struct nat_entry confirmed;
 
 	if (!(rev->flags & CT_F_UNCONFIRMED))
 		return;
-	if (rev->flags & CT_F_SNAT) {
-		rev->flags &= ~CT_F_UNCONFIRMED;
-		return;
+	if (!(rev->flags & CT_F_SNAT)) {
+		confirmed = *rev;
+		confirmed.flags &= ~CT_F_UNCONFIRMED;
+		bpf_map_update_elem(&nat, key, &confirmed, BPF_ANY);
 	}
-	confirmed = *rev;
-	confirmed.flags &= ~CT_F_UNCONFIRMED;
-	bpf_map_update_elem(&nat, key, &confirmed, BPF_ANY);
+	rev->flags &= ~CT_F_UNCONFIRMED;
 }
 
 enum snat_try {
@@ -807,6 +808,10 @@ static __always_inline int dnat_put(const struct ct_key *flow, const struct nat_
 	if (reply_tuple_taken(flow, key, found, opening, cfg, now))
 		return -3;
 	if (entry->flags & CT_F_UNCONFIRMED) {
+		/* What nat holds is over (or this flow's own, stale): it would
+		 * answer the new flow's replies first (reverse_lookup). */
+		if (found)
+			bpf_map_delete_elem(&nat, key);
 		found = bpf_map_lookup_elem(&nat_unconfirmed, key);
 		if (reply_tuple_taken(flow, key, found, opening, cfg, now))
 			return -3;
@@ -850,15 +855,23 @@ static __always_inline void nat_release(const struct ct_key *flow, const struct 
 	struct datapath_config *cfg = config_get();
 	struct nat_entry *entry;
 	struct nat_key key;
+	void *table;
 
 	nat_key_of(flow, ct, &key);
 	if (cfg && (ct->flags & CT_F_SNAT) && snat_port_in_range(cfg, key.dport)) {
 		snat_release(&key, flow, cfg);
 		return;
 	}
-	entry = bpf_map_lookup_elem(dnat_table(ct->flags), &key);
+	/* A SNAT flow's port out of the range is a spill in nat. */
+	table = (ct->flags & CT_F_SNAT) ? (void *)&nat : dnat_table(ct->flags);
+	entry = bpf_map_lookup_elem(table, &key);
 	if (entry && nat_entry_matches(entry, flow))
-		bpf_map_delete_elem(dnat_table(ct->flags), &key);
+		bpf_map_delete_elem(table, &key);
+	/* A confirmed flow's reverse half may have left its unconfirmed
+	 * copy (nat_confirm_entry); no other live flow holds the tuple there
+	 * while this one held it in nat (dnat_put). */
+	if (!(ct->flags & CT_F_UNCONFIRMED))
+		bpf_map_delete_elem(&nat_unconfirmed, &key);
 }
 
 /* A reply found its reverse half in the nat map: if that is a spill, make

@@ -19,9 +19,10 @@
  *
  * The cookie SYN-ACK offers no window scaling, SACK or timestamps (a
  * cookie cannot carry them back), so connections opened during a flood
- * use neither, on either side. The proxy serves flows SNATed to remote
- * backends, whose replies come back through the XDP program; a SYN for a
- * backend on this node is admitted as before.
+ * use neither, on either side. The proxy serves flows to pods, remote
+ * (their replies come back through the XDP program) or on this node (the
+ * TC program on their interface: tc_synproxy_backend); a SYN for the node
+ * itself (a host-network backend) is admitted as before.
  */
 #ifndef XDPLB_SYNPROXY_H
 #define XDPLB_SYNPROXY_H

@@ -107,12 +107,116 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 		count(STAT_DROP_CT_FULL, skb->len);
 		return TC_ACT_SHOT;
 	}
+	/* Its sequence numbers are translated in XDP only. */
+	if (ct->flags & CT_F_SYNPROXY) {
+		count(STAT_DROP_SYNPROXY_IN_TC, skb->len);
+		return TC_ACT_SHOT;
+	}
 	flow_source(ct, pkt, &saddr, &sport);
 	if (ct->flags & CT_F_HOST)
 		return tc_deliver_to_host(skb, pkt, ct->svc_id, saddr, sport, ct->backend_addr,
 					  ct->backend_port);
 	return tc_translate_and_send(skb, pkt, res, ct->svc_id, &ct->hop, saddr, sport, ct->backend_addr,
 				     ct->backend_port);
+}
+
+/* Add delta to the TCP sequence field at offset field of the TCP header,
+ * keeping the checksum. Direct packet pointers are invalid afterwards. */
+static __always_inline int skb_tcp_seq_shift(struct __sk_buff *skb, const struct packet *pkt,
+					     __u32 field, __u32 delta)
+{
+	__be32 from, to;
+
+	if (bpf_skb_load_bytes(skb, pkt->l4_off + field, &from, sizeof(from)))
+		return -1;
+	to = bpf_htonl(bpf_ntohl(from) + delta);
+	if (bpf_l4_csum_replace(skb, l4_csum_off(pkt), from, to, sizeof(to)))
+		return -1;
+	return bpf_skb_store_bytes(skb, pkt->l4_off + field, &to, sizeof(to), 0) ? -1 : 0;
+}
+
+/*
+ * A reply of a backend on this node in a flow the SYN proxy opened: the
+ * TC side of synproxy_backend in xdp_nic.c, which says what happens. The
+ * proxy's ACK goes back into the pod's interface. Returns -1 to translate
+ * the reply and send it on, or the verdict.
+ */
+static __always_inline int tc_synproxy_backend(struct __sk_buff *skb, struct packet *pkt,
+					       const struct nat_key *key,
+					       const struct nat_entry *rev)
+{
+	/* Two bytes of padding put the IPv4 header on a 4-byte boundary
+	 * (see skb_refuse). */
+	__u8 buf[2 + TCP_FRAME_LEN] __attribute__((aligned(8)));
+	struct ethhdr *eth = (void *)(buf + 2);
+	struct iphdr *ip = (void *)(eth + 1);
+	struct synproxy_seq *sp;
+	__u32 bytes = skb->len;
+	struct tcp_frame f;
+	struct tcphdr tcp;
+	struct ct_key flow;
+
+	if (key->proto != IPPROTO_TCP)
+		return -1;
+	ct_key_of_nat(key, rev, &flow);
+	sp = bpf_map_lookup_elem(&synproxy_flows, &flow);
+	if (!sp) {
+		count(STAT_DROP_SYNPROXY_LOST, bytes);
+		return TC_ACT_SHOT;
+	}
+	if (bpf_skb_load_bytes(skb, pkt->l4_off, &tcp, sizeof(tcp)))
+		goto fail;
+	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) ==
+	    (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
+		if (bpf_ntohl(tcp.ack_seq) != sp->client_isn + 1) {
+			count(STAT_DROP_SYNPROXY_PENDING, bytes);
+			return TC_ACT_SHOT;
+		}
+		if (!sp->answered) {
+			sp->seq_offset = bpf_ntohl(tcp.seq) - sp->cookie;
+			sp->answered = 1;
+		}
+		__builtin_memset(buf, 0, sizeof(buf));
+		if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)))
+			goto fail;
+		__builtin_memset(&f, 0, sizeof(f));
+		__builtin_memcpy(f.dmac, eth->h_source, ETH_ALEN);
+		__builtin_memcpy(f.smac, eth->h_dest, ETH_ALEN);
+		f.saddr = pkt->daddr;
+		f.daddr = pkt->saddr;
+		f.sport = pkt->dport;
+		f.dport = pkt->sport;
+		f.ttl = XDPLB_DEFAULT_TTL;
+		f.seq = sp->client_isn + 1;
+		f.ack = bpf_ntohl(tcp.seq) + 1;
+		f.flags = TCP_FLAG_ACK;
+		f.window = SYNPROXY_WINDOW;
+		eth->h_proto = bpf_htons(ETH_P_IP);
+		__builtin_memcpy(eth->h_dest, f.dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, f.smac, ETH_ALEN);
+		tcp_frame_fill(&f, ip, (void *)(ip + 1), sizeof(struct tcphdr));
+		if (bpf_skb_change_tail(skb, TCP_FRAME_LEN, 0) ||
+		    bpf_skb_store_bytes(skb, 0, eth, TCP_FRAME_LEN, 0))
+			goto fail;
+		count(STAT_SYNPROXY_ACK, bytes);
+		return bpf_redirect(skb->ifindex, 0);
+	}
+	if (!sp->answered) {
+		if (!(pkt->tcp_flags & TCP_FLAG_RST)) {
+			count(STAT_DROP_SYNPROXY_PENDING, bytes);
+			return TC_ACT_SHOT;
+		}
+		if (skb_tcp_seq_shift(skb, pkt, offsetof(struct tcphdr, seq),
+				      sp->cookie + 1 - bpf_ntohl(tcp.seq)))
+			goto fail;
+		return -1;
+	}
+	if (skb_tcp_seq_shift(skb, pkt, offsetof(struct tcphdr, seq), -sp->seq_offset))
+		goto fail;
+	return -1;
+fail:
+	count(STAT_DROP_ADJUST, bytes);
+	return TC_ACT_SHOT;
 }
 
 /* A reply of a backend: translate it back to what its client expects. */
@@ -129,6 +233,12 @@ static __always_inline int tc_reply(struct __sk_buff *skb, struct packet *pkt,
 	if (reverse_touch(key, rev, pkt, now, &reason)) {
 		count(reason, skb->len);
 		return TC_ACT_SHOT;
+	}
+	if (rev->flags & CT_F_SYNPROXY) {
+		int verdict = tc_synproxy_backend(skb, pkt, key, rev);
+
+		if (verdict >= 0)
+			return verdict;
 	}
 	count(STAT_REVERSE_NAT, 0);
 	count_service(svc_id, skb->len, 0);
