@@ -24,7 +24,8 @@ func TestMapMemoryCheck(t *testing.T) {
 		{"largest conntrack", func(o *loader.Options) { o.ConntrackMax, o.NATMax = 1<<27, 1<<27 }, 16 * gib, 0, "conntrack-max", false},
 		{"largest conntrack, huge machine", func(o *loader.Options) { o.ConntrackMax, o.NATMax = 1<<27, 1<<27 }, 1024 * gib, 0, "", false},
 		{"largest NAT", func(o *loader.Options) { o.NATMax = 1 << 27 }, 16 * gib, 0, "nat-max", false},
-		{"largest backends", func(o *loader.Options) { o.BackendsMax = 1 << 24 }, 384 << 20, 0, "backends-max", false},
+		// Small flow tables: the flag with the largest share is named.
+		{"largest backends", func(o *loader.Options) { o.BackendsMax, o.ConntrackMax, o.NATMax = 1<<24, 1<<16, 1<<16 }, 256 << 20, 0, "backends-max", false},
 		{"largest frontends", func(o *loader.Options) { o.FrontendsMax = 1 << 24 }, 1 * gib, 0, "frontends-max", false},
 		{"unknown memory", func(o *loader.Options) { o.ConntrackMax, o.NATMax = 1<<27, 1<<27 }, 0, 0, "", false},
 		{"defaults in the DaemonSet's limit", func(*loader.Options) {}, 16 * gib, 1 * gib, "", false},
