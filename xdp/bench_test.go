@@ -334,8 +334,10 @@ func BenchmarkDatapath(b *testing.B) {
 	e.run(b, results, "reply_reverse_nat", e.restoring(b, nic, reply, false), "baseline_macswap", expect("reverse_nat"))
 	e.run(b, results, "new_flow_ct_full", e.restoring(b, nic, newFlow, true), "baseline_macswap", expect("new_flow"))
 	// A spoofed SYN under a SYN flood: answered with a cookie, no state.
+	// Its sources are none of the new flows' above, which the SYN of a
+	// tracked tuple would follow.
 	f.setSYNCookies(loader.SYNCookiesAlways, 0)
-	spoofedSYN := tcpFrame(netip.MustParseAddr("198.18.0.1"), 40000, nodeAddr, nodePort, packet.SYN, "")
+	spoofedSYN := tcpFrame(netip.MustParseAddr("10.128.0.1"), 40000, nodeAddr, nodePort, packet.SYN, "")
 	spoofedSYN.TCPOptions = packet.MSSOption(1460)
 	e.run(b, results, "syn_cookie", e.restoring(b, nic, spoofedSYN.Bytes(), true), "baseline_macswap", expect("syncookie_sent"))
 	f.setSYNCookies(loader.SYNCookiesOff, 0)
