@@ -133,6 +133,11 @@ func TestSYNCookieHandshakeIsProxiedToTheBackend(t *testing.T) {
 	if moved["synproxy_ack"] != 1 || moved["reverse_nat"] != 0 {
 		t.Errorf("counters moved %v: want synproxy_ack 1 and nothing sent to the client", moved)
 	}
+	// Both handshakes are complete: the flow is confirmed, though its
+	// client may not send again for a long while.
+	if confirmed, _ := f.inTable(key); !confirmed {
+		t.Fatal("the flow is not confirmed once the proxy answered its backend")
+	}
 
 	// From now on each side sees its own sequence numbers.
 	data := tcpFrame(clientAddr, 7001, nodeAddr, 30100, packet.ACK|packet.PSH, "hello")
@@ -141,9 +146,6 @@ func TestSYNCookieHandshakeIsProxiedToTheBackend(t *testing.T) {
 	f.expectVerdict(r, xdpRedirect)
 	if out := decode(t, r.out); out.Seq != 1001 || out.Ack != backendISN+1 || string(out.Payload) != "hello" {
 		t.Fatalf("client data at the backend: seq %d ack %d %q, want seq 1001 ack %d", out.Seq, out.Ack, out.Payload, backendISN+1)
-	}
-	if confirmed, _ := f.inTable(key); !confirmed {
-		t.Error("the client's data after the backend's answer did not confirm the flow")
 	}
 	answer := replyTo(syn, packet.ACK|packet.PSH)
 	answer.Seq, answer.Ack, answer.Payload = backendISN+1, 1006, []byte("world")
@@ -206,7 +208,7 @@ func TestSYNProxyFlowWithoutItsOffsetEnds(t *testing.T) {
 	synAck, syn := f.proxiedHandshake(7003, xdpRedirect)
 	flow := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 7003),
 		Frontend: netip.AddrPortFrom(nodeAddr, 30100), Proto: packet.TCP}
-	// The backend answers, the client's data confirms the flow.
+	// The backend answers (which confirms the flow), the client sends.
 	backendSynAck := replyTo(syn, packet.SYN|packet.ACK)
 	backendSynAck.Seq, backendSynAck.Ack = 5000, 1001
 	f.expectVerdict(f.run(backendSynAck.Bytes(), f.nic1), xdpTX)
@@ -308,6 +310,11 @@ func TestSYNProxyToALocalBackend(t *testing.T) {
 	verdict, raw := f.runTC(f.dp.PodProgram(), podSynAck.Bytes(), f.pod0)
 	if verdict != tcActRedirect {
 		t.Fatalf("pod's SYN-ACK: verdict %d, want a redirect (the proxy's ACK, back into the pod)", int32(verdict))
+	}
+	key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, 7004),
+		Frontend: netip.AddrPortFrom(nodeAddr, 30100), Proto: packet.TCP}
+	if confirmed, _ := f.inTable(key); !confirmed {
+		t.Error("the flow is not confirmed once the proxy answered its backend")
 	}
 	ack := decode(t, raw)
 	if ack.Flags != packet.ACK || ack.Seq != 1001 || ack.Ack != podISN+1 || ack.Src != clientAddr ||

@@ -290,14 +290,14 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 
 /*
  * A backend's reply in a flow the SYN proxy opened (CT_F_SYNPROXY). Its
- * SYN-ACK to the proxy's SYN fixes the flow's sequence offset and is
- * answered here with the ACK its client sent the proxy (again for a
- * retransmitted SYN-ACK); a RST before it refuses the client, in the
+ * SYN-ACK to the proxy's SYN fixes the flow's sequence offset, confirms
+ * the flow (flow_confirm_proxied) and is answered here with the ACK its
+ * client sent the proxy (again for a retransmitted SYN-ACK); a RST before it refuses the client, in the
  * client's window; later replies get their sequence number translated to
  * the client's. Returns -1 to translate pkt and send it on, or the verdict.
  */
 static __always_inline int synproxy_backend(struct xdp_md *ctx, struct packet *pkt,
-					    const struct nat_key *key, const struct nat_entry *rev)
+					    const struct nat_key *key, struct nat_entry *rev)
 {
 	struct tcphdr *tcp = pkt->l4;
 	struct synproxy_seq *sp;
@@ -320,6 +320,7 @@ static __always_inline int synproxy_backend(struct xdp_md *ctx, struct packet *p
 		if (!sp->answered) {
 			sp->seq_offset = bpf_ntohl(tcp->seq) - sp->cookie;
 			sp->answered = 1;
+			flow_confirm_proxied(&flow, rev, bpf_ktime_get_coarse_ns());
 		}
 		tcp_frame_answer(&f, pkt);
 		f.seq = sp->client_isn + 1;

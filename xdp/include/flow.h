@@ -424,6 +424,27 @@ static __always_inline void nat_confirm_reverse(const struct ct_key *flow,
 		nat_confirm_entry(&key, rev);
 }
 
+/*
+ * Confirm a flow the SYN proxy opened (flow: its client tuple; key and
+ * rev: its reverse half), once the proxy answered its backend's SYN-ACK:
+ * the handshake is complete both ways then (its client completed it with
+ * the cookie), though its client may not send again for a long while,
+ * and nothing would confirm it before its unconfirmed entry timed out. A
+ * SNAT flow's reverse half is confirmed in place; a flow without SNAT's
+ * moves to nat at its next reply (reverse_touch), which keeps the copy
+ * off this path's stack: the TC programs' is nearly full.
+ */
+static __always_inline void flow_confirm_proxied(const struct ct_key *flow, struct nat_entry *rev,
+						 __u64 now)
+{
+	struct ct_entry *pending = bpf_map_lookup_elem(&ct_unconfirmed, flow);
+
+	if (!pending || !ct_confirm(flow, pending, now))
+		return;
+	if (rev->flags & CT_F_SNAT)
+		rev->flags &= ~CT_F_UNCONFIRMED;
+}
+
 /* Date an unconfirmed SNAT flow's reverse half from its client's side
  * (nat_keep_dated), as nat_ensure does for a confirmed one: a one-way
  * stream whose answers are rare stays alive by it. */

@@ -553,6 +553,9 @@ static __always_inline void nat_confirm_entry(const struct nat_key *key, struct 
 		confirmed = *rev;
 		confirmed.flags &= ~CT_F_UNCONFIRMED;
 		bpf_map_update_elem(&nat, key, &confirmed, BPF_ANY);
+		/* The copy left behind stops following the backend's
+		 * sequence: should it be found again, it learns it anew. */
+		rev->reply_seq_known = 0;
 	}
 	rev->flags &= ~CT_F_UNCONFIRMED;
 }
@@ -902,7 +905,11 @@ static __always_inline void nat_forget(const struct nat_key *key, const struct n
 		snat_release(key, &flow, cfg);
 		return;
 	}
-	bpf_map_delete_elem((rev->flags & CT_F_SNAT) ? (void *)&nat : dnat_table(rev->flags), key);
+	bpf_map_delete_elem(&nat, key);
+	/* A flow without SNAT: its copy in nat_unconfirmed too, which may be
+	 * the one found (see nat_confirm_entry). */
+	if (!(rev->flags & CT_F_SNAT))
+		bpf_map_delete_elem(&nat_unconfirmed, key);
 }
 
 enum nat_check {

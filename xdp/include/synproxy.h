@@ -10,7 +10,8 @@
  * opened. The ACK is turned into the SYN its client sent (the same initial
  * sequence number, the MSS its cookie carries) and goes to a backend like
  * any new flow, flagged CT_F_SYNPROXY. The backend's SYN-ACK is answered
- * here with the ACK the client already sent; from then on the backend's
+ * here with the ACK the client already sent, which completes the
+ * handshake both ways and confirms the flow; from then on the backend's
  * sequence numbers differ from those the client knows by a fixed offset
  * (synproxy_flows), and every packet of the flow is translated by it:
  * the backend's sequence numbers for the client, the client's

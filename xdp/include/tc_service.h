@@ -142,8 +142,7 @@ static __always_inline int skb_tcp_seq_shift(struct __sk_buff *skb, const struct
  * the reply and send it on, or the verdict.
  */
 static __always_inline int tc_synproxy_backend(struct __sk_buff *skb, struct packet *pkt,
-					       const struct nat_key *key,
-					       const struct nat_entry *rev)
+					       const struct nat_key *key, struct nat_entry *rev)
 {
 	/* Two bytes of padding put the IPv4 header on a 4-byte boundary
 	 * (see skb_refuse). */
@@ -175,6 +174,7 @@ static __always_inline int tc_synproxy_backend(struct __sk_buff *skb, struct pac
 		if (!sp->answered) {
 			sp->seq_offset = bpf_ntohl(tcp.seq) - sp->cookie;
 			sp->answered = 1;
+			flow_confirm_proxied(&flow, rev, bpf_ktime_get_coarse_ns());
 		}
 		__builtin_memset(buf, 0, sizeof(buf));
 		if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)))
