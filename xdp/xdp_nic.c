@@ -130,7 +130,7 @@ static __always_inline int answer_with_cookie(struct xdp_md *ctx, struct packet 
 
 	if ((void *)(tcp + 1) > pkt->data_end)
 		return drop(STAT_DROP_ADJUST, bytes);
-	tcp_frame_answer(&f, pkt);
+	tcp_frame_answer(&f, pkt, pkt->eth);
 	f.seq = res->cookie;
 	f.ack = bpf_ntohl(tcp->seq) + 1;
 	f.flags = TCP_FLAG_SYN | TCP_FLAG_ACK;
@@ -289,12 +289,10 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 }
 
 /*
- * A backend's reply in a flow the SYN proxy opened (CT_F_SYNPROXY). Its
- * SYN-ACK to the proxy's SYN fixes the flow's sequence offset, confirms
- * the flow (flow_confirm_proxied) and is answered here with the ACK its
- * client sent the proxy (again for a retransmitted SYN-ACK); a RST before it refuses the client, in the
- * client's window; later replies get their sequence number translated to
- * the client's. Returns -1 to translate pkt and send it on, or the verdict.
+ * A backend's reply in a flow the SYN proxy opened (CT_F_SYNPROXY), as
+ * synproxy_reply_plan says: its first SYN-ACK also confirms the flow
+ * (flow_confirm_proxied). Returns -1 to translate pkt and send it on, or
+ * the verdict.
  */
 static __always_inline int synproxy_backend(struct xdp_md *ctx, struct packet *pkt,
 					    const struct nat_key *key, struct nat_entry *rev)
@@ -304,6 +302,7 @@ static __always_inline int synproxy_backend(struct xdp_md *ctx, struct packet *p
 	__u32 bytes = pkt->len;
 	struct tcp_frame f;
 	struct ct_key flow;
+	__u32 delta = 0;
 
 	if (key->proto != IPPROTO_TCP)
 		return -1;
@@ -313,33 +312,23 @@ static __always_inline int synproxy_backend(struct xdp_md *ctx, struct packet *p
 		return drop(STAT_DROP_SYNPROXY_LOST, bytes);
 	if ((void *)(tcp + 1) > pkt->data_end)
 		return drop(STAT_DROP_ADJUST, bytes);
-	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) ==
-	    (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
-		if (bpf_ntohl(tcp->ack_seq) != sp->client_isn + 1)
-			return drop(STAT_DROP_SYNPROXY_PENDING, bytes);
-		if (!sp->answered) {
-			sp->seq_offset = bpf_ntohl(tcp->seq) - sp->cookie;
-			sp->answered = 1;
-			flow_confirm_proxied(&flow, rev, bpf_ktime_get_coarse_ns());
-		}
-		tcp_frame_answer(&f, pkt);
-		f.seq = sp->client_isn + 1;
-		f.ack = bpf_ntohl(tcp->seq) + 1;
-		f.flags = TCP_FLAG_ACK;
-		f.window = SYNPROXY_WINDOW;
+	switch (synproxy_reply_plan(sp, pkt->tcp_flags, pkt->tcp_seq, bpf_ntohl(tcp->ack_seq),
+				    &delta)) {
+	case SYNPROXY_REPLY_FIRST_ANSWER:
+		flow_confirm_proxied(&flow, rev, bpf_ktime_get_coarse_ns());
+		/* fall through */
+	case SYNPROXY_REPLY_ANSWER:
+		synproxy_ack_frame(&f, pkt, pkt->eth, sp);
 		if (tcp_frame_write(ctx, bytes, &f))
 			return XDP_DROP;
 		count(STAT_SYNPROXY_ACK, bytes);
 		return XDP_TX;
-	}
-	if (!sp->answered) {
-		if (!(pkt->tcp_flags & TCP_FLAG_RST))
-			return drop(STAT_DROP_SYNPROXY_PENDING, bytes);
-		tcp_seq_shift(tcp, &tcp->seq, sp->cookie + 1 - bpf_ntohl(tcp->seq));
+	case SYNPROXY_REPLY_SHIFT:
+		tcp_seq_shift(tcp, &tcp->seq, delta);
 		return -1;
+	default:
+		return drop(STAT_DROP_SYNPROXY_PENDING, bytes);
 	}
-	tcp_seq_shift(tcp, &tcp->seq, -sp->seq_offset);
-	return -1;
 }
 
 /* A reply from a remote backend to a SNAT port of this node. */
@@ -347,7 +336,6 @@ static __always_inline int serve_reply(struct xdp_md *ctx, struct packet *pkt,
 				       const struct nat_key *key, struct nat_entry *rev)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
-
 	enum stat reason;
 	int verdict;
 

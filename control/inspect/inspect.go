@@ -503,6 +503,15 @@ func ParseAddrPort(s string) (netip.AddrPort, error) {
 	return ap, nil
 }
 
+// servicePortName is a service port's name from names, or its id when
+// it has none.
+func servicePortName(names map[uint32]string, id uint32) string {
+	if name := names[id]; name != "" {
+		return name
+	}
+	return fmt.Sprintf("service port %d", id)
+}
+
 // synCookiePorts names the service ports whose SYNs are answered with
 // cookies now.
 func synCookiePorts(dp *dataplane.Dataplane, threshold uint32) ([]string, error) {
@@ -516,11 +525,7 @@ func synCookiePorts(dp *dataplane.Dataplane, threshold uint32) ([]string, error)
 	}
 	var out []string
 	for _, id := range ids {
-		name := names[id]
-		if name == "" {
-			name = fmt.Sprintf("service port %d", id)
-		}
-		out = append(out, name)
+		out = append(out, servicePortName(names, id))
 	}
 	slices.Sort(out)
 	return out, nil
@@ -550,11 +555,7 @@ func flood(dp *dataplane.Dataplane, maps []MapUse) (*Flood, error) {
 	}
 	fl := &Flood{Percent: maps[i].Percent}
 	for id, n := range perPort {
-		name := names[id]
-		if name == "" {
-			name = fmt.Sprintf("service port %d", id)
-		}
-		fl.Ports = append(fl.Ports, FloodPort{Service: name, Unconfirmed: n})
+		fl.Ports = append(fl.Ports, FloodPort{Service: servicePortName(names, id), Unconfirmed: n})
 	}
 	slices.SortFunc(fl.Ports, func(a, b FloodPort) int {
 		return cmp.Or(cmp.Compare(b.Unconfirmed, a.Unconfirmed), cmp.Compare(a.Service, b.Service))

@@ -186,7 +186,7 @@ static __always_inline enum flow_verdict flow_syn_proxy(const struct packet *pkt
 		    bpf_map_lookup_elem(&ct_unconfirmed, &res->key) ||
 		    syncookie_make(pkt, &res->cookie, &res->cookie_mss))
 			return FLOW_PASS;
-		syn_flood_count(fresh->svc_id, SYN_FLOOD_OPENED, now);
+		syn_flood_count(cfg, fresh->svc_id, SYN_FLOOD_OPENED, now);
 		res->reason = STAT_SYNCOOKIE_SENT;
 		return FLOW_COOKIE;
 	}
@@ -205,7 +205,7 @@ static __always_inline enum flow_verdict flow_syn_proxy(const struct packet *pkt
 	res->cookie_mss = syncookie_mss(pkt, res->cookie, res->client_isn);
 	fresh->flags |= CT_F_SYNPROXY;
 	fresh->tcp_state = CT_TCP_SYN | CT_TCP_SEQ_KNOWN;
-	syn_flood_count(fresh->svc_id, SYN_FLOOD_COMPLETED, now);
+	syn_flood_count(cfg, fresh->svc_id, SYN_FLOOD_COMPLETED, now);
 	count(STAT_SYNCOOKIE_VALID, 0);
 	return FLOW_NEW;
 }
@@ -397,7 +397,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	count(STAT_NEW_FLOW, 0);
 	count_service(fe->svc_id, pkt->len, 1);
 	if ((features & HOOK_SYN_PROXY) && tcp_opening(pkt) && origin == ORIGIN_EXTERNAL)
-		syn_flood_count(fe->svc_id, SYN_FLOOD_OPENED, now);
+		syn_flood_count(cfg, fe->svc_id, SYN_FLOOD_OPENED, now);
 	return FLOW_NEW;
 }
 
@@ -491,7 +491,7 @@ static __always_inline enum flow_verdict flow_pending(const struct packet *pkt,
 		if (confirmed) {
 			if ((features & HOOK_SYN_PROXY) && pkt->proto == IPPROTO_TCP &&
 			    (confirmed->flags & CT_F_EXTERNAL) && !(confirmed->flags & CT_F_SYNPROXY))
-				syn_flood_count(confirmed->svc_id, SYN_FLOOD_COMPLETED, now);
+				syn_flood_count(cfg, confirmed->svc_id, SYN_FLOOD_COMPLETED, now);
 			nat_confirm_reverse(&res->key, confirmed);
 			*ctp = confirmed;
 			return FLOW_TRACKED;

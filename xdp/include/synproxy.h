@@ -82,11 +82,16 @@ static __always_inline struct syn_flood *syn_flood_of(__u32 svc_id, __u64 now)
 	return f;
 }
 
-/* Count a handshake event of a service port (see struct syn_flood). */
-static __always_inline void syn_flood_count(__u32 svc_id, enum syn_flood_event event, __u64 now)
+/* Count a handshake event of a service port (see struct syn_flood); only
+ * SYN_COOKIES_AUTO judges by the counts. */
+static __always_inline void syn_flood_count(const struct datapath_config *cfg, __u32 svc_id,
+					    enum syn_flood_event event, __u64 now)
 {
-	struct syn_flood *f = syn_flood_of(svc_id, now);
+	struct syn_flood *f;
 
+	if (cfg->syn_cookies != SYN_COOKIES_AUTO)
+		return;
+	f = syn_flood_of(svc_id, now);
 	if (!f)
 		return;
 	if (event == SYN_FLOOD_OPENED)
@@ -311,18 +316,75 @@ fail:
 	return -1;
 }
 
-/* The segment that answers pkt from where it was sent to: the addresses,
- * ports and MACs of pkt swapped. */
-static __always_inline void tcp_frame_answer(struct tcp_frame *f, const struct packet *pkt)
+/* The segment that answers pkt (eth: its Ethernet header) from where it
+ * was sent to: the addresses, ports and MACs of pkt swapped. */
+static __always_inline void tcp_frame_answer(struct tcp_frame *f, const struct packet *pkt,
+					     const struct ethhdr *eth)
 {
 	__builtin_memset(f, 0, sizeof(*f));
-	__builtin_memcpy(f->dmac, pkt->eth->h_source, ETH_ALEN);
-	__builtin_memcpy(f->smac, pkt->eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(f->dmac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(f->smac, eth->h_dest, ETH_ALEN);
 	f->saddr = pkt->daddr;
 	f->daddr = pkt->saddr;
 	f->sport = pkt->dport;
 	f->dport = pkt->sport;
 	f->ttl = XDPLB_DEFAULT_TTL;
+}
+
+/* ---- the backend's side ------------------------------------------------ */
+
+enum synproxy_reply {
+	SYNPROXY_REPLY_FIRST_ANSWER, /* its first SYN-ACK: the offset is fixed; confirm, answer */
+	SYNPROXY_REPLY_ANSWER,       /* a retransmitted SYN-ACK: answer with the client's ACK again */
+	SYNPROXY_REPLY_SHIFT,        /* add the delta to its sequence number, send it on */
+	SYNPROXY_REPLY_PENDING,      /* drop: no answer to the proxy's SYN yet */
+};
+
+/*
+ * What becomes of a backend's reply in a flow the SYN proxy opened (sp;
+ * tcp_flags, and seq and ack_seq in host order). Its SYN-ACK to the
+ * proxy's SYN fixes the flow's sequence offset and is answered with the
+ * ACK its client sent the proxy (synproxy_ack_frame); a RST before it
+ * refuses the client, at the sequence number the client expects (the
+ * cookie's + 1); later replies are shifted to the client's sequence
+ * numbers. *delta is set for SYNPROXY_REPLY_SHIFT.
+ */
+static __always_inline enum synproxy_reply synproxy_reply_plan(struct synproxy_seq *sp,
+							       __u8 tcp_flags, __u32 seq,
+							       __u32 ack_seq, __u32 *delta)
+{
+	if ((tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) ==
+	    (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
+		if (ack_seq != sp->client_isn + 1)
+			return SYNPROXY_REPLY_PENDING;
+		if (sp->answered)
+			return SYNPROXY_REPLY_ANSWER;
+		sp->seq_offset = seq - sp->cookie;
+		sp->answered = 1;
+		return SYNPROXY_REPLY_FIRST_ANSWER;
+	}
+	if (sp->answered) {
+		*delta = -sp->seq_offset;
+		return SYNPROXY_REPLY_SHIFT;
+	}
+	if (!(tcp_flags & TCP_FLAG_RST))
+		return SYNPROXY_REPLY_PENDING;
+	*delta = sp->cookie + 1 - seq;
+	return SYNPROXY_REPLY_SHIFT;
+}
+
+/* The proxy's answer to its backend's SYN-ACK pkt (eth: its Ethernet
+ * header): the ACK its client sent the proxy, from the client's tuple as
+ * the backend sees it. */
+static __always_inline void synproxy_ack_frame(struct tcp_frame *f, const struct packet *pkt,
+					       const struct ethhdr *eth,
+					       const struct synproxy_seq *sp)
+{
+	tcp_frame_answer(f, pkt, eth);
+	f->seq = sp->client_isn + 1;
+	f->ack = pkt->tcp_seq + 1;
+	f->flags = TCP_FLAG_ACK;
+	f->window = SYNPROXY_WINDOW;
 }
 
 /* ---- sequence translation ---------------------------------------------- */

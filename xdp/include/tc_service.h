@@ -137,9 +137,9 @@ static __always_inline int skb_tcp_seq_shift(struct __sk_buff *skb, const struct
 
 /*
  * A reply of a backend on this node in a flow the SYN proxy opened: the
- * TC side of synproxy_backend in xdp_nic.c, which says what happens. The
- * proxy's ACK goes back into the pod's interface. Returns -1 to translate
- * the reply and send it on, or the verdict.
+ * TC side of synproxy_backend in xdp_nic.c. The proxy's ACK goes back
+ * into the pod's interface. Returns -1 to translate the reply and send it
+ * on, or the verdict.
  */
 static __always_inline int tc_synproxy_backend(struct __sk_buff *skb, struct packet *pkt,
 					       const struct nat_key *key, struct nat_entry *rev)
@@ -151,9 +151,10 @@ static __always_inline int tc_synproxy_backend(struct __sk_buff *skb, struct pac
 	struct iphdr *ip = (void *)(eth + 1);
 	struct synproxy_seq *sp;
 	__u32 bytes = skb->len;
+	__be32 ack_seq;
 	struct tcp_frame f;
-	struct tcphdr tcp;
 	struct ct_key flow;
+	__u32 delta = 0;
 
 	if (key->proto != IPPROTO_TCP)
 		return -1;
@@ -163,57 +164,35 @@ static __always_inline int tc_synproxy_backend(struct __sk_buff *skb, struct pac
 		count(STAT_DROP_SYNPROXY_LOST, bytes);
 		return TC_ACT_SHOT;
 	}
-	if (bpf_skb_load_bytes(skb, pkt->l4_off, &tcp, sizeof(tcp)))
+	if (bpf_skb_load_bytes(skb, pkt->l4_off + offsetof(struct tcphdr, ack_seq), &ack_seq,
+			       sizeof(ack_seq)))
 		goto fail;
-	if ((pkt->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) ==
-	    (TCP_FLAG_SYN | TCP_FLAG_ACK)) {
-		if (bpf_ntohl(tcp.ack_seq) != sp->client_isn + 1) {
-			count(STAT_DROP_SYNPROXY_PENDING, bytes);
-			return TC_ACT_SHOT;
-		}
-		if (!sp->answered) {
-			sp->seq_offset = bpf_ntohl(tcp.seq) - sp->cookie;
-			sp->answered = 1;
-			flow_confirm_proxied(&flow, rev, bpf_ktime_get_coarse_ns());
-		}
+	switch (synproxy_reply_plan(sp, pkt->tcp_flags, pkt->tcp_seq, bpf_ntohl(ack_seq), &delta)) {
+	case SYNPROXY_REPLY_FIRST_ANSWER:
+		flow_confirm_proxied(&flow, rev, bpf_ktime_get_coarse_ns());
+		/* fall through */
+	case SYNPROXY_REPLY_ANSWER:
 		__builtin_memset(buf, 0, sizeof(buf));
 		if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)))
 			goto fail;
-		__builtin_memset(&f, 0, sizeof(f));
-		__builtin_memcpy(f.dmac, eth->h_source, ETH_ALEN);
-		__builtin_memcpy(f.smac, eth->h_dest, ETH_ALEN);
-		f.saddr = pkt->daddr;
-		f.daddr = pkt->saddr;
-		f.sport = pkt->dport;
-		f.dport = pkt->sport;
-		f.ttl = XDPLB_DEFAULT_TTL;
-		f.seq = sp->client_isn + 1;
-		f.ack = bpf_ntohl(tcp.seq) + 1;
-		f.flags = TCP_FLAG_ACK;
-		f.window = SYNPROXY_WINDOW;
-		eth->h_proto = bpf_htons(ETH_P_IP);
+		synproxy_ack_frame(&f, pkt, eth, sp);
 		__builtin_memcpy(eth->h_dest, f.dmac, ETH_ALEN);
 		__builtin_memcpy(eth->h_source, f.smac, ETH_ALEN);
+		eth->h_proto = bpf_htons(ETH_P_IP);
 		tcp_frame_fill(&f, ip, (void *)(ip + 1), sizeof(struct tcphdr));
 		if (bpf_skb_change_tail(skb, TCP_FRAME_LEN, 0) ||
 		    bpf_skb_store_bytes(skb, 0, eth, TCP_FRAME_LEN, 0))
 			goto fail;
 		count(STAT_SYNPROXY_ACK, bytes);
 		return bpf_redirect(skb->ifindex, 0);
-	}
-	if (!sp->answered) {
-		if (!(pkt->tcp_flags & TCP_FLAG_RST)) {
-			count(STAT_DROP_SYNPROXY_PENDING, bytes);
-			return TC_ACT_SHOT;
-		}
-		if (skb_tcp_seq_shift(skb, pkt, offsetof(struct tcphdr, seq),
-				      sp->cookie + 1 - bpf_ntohl(tcp.seq)))
+	case SYNPROXY_REPLY_SHIFT:
+		if (skb_tcp_seq_shift(skb, pkt, offsetof(struct tcphdr, seq), delta))
 			goto fail;
 		return -1;
+	default:
+		count(STAT_DROP_SYNPROXY_PENDING, bytes);
+		return TC_ACT_SHOT;
 	}
-	if (skb_tcp_seq_shift(skb, pkt, offsetof(struct tcphdr, seq), -sp->seq_offset))
-		goto fail;
-	return -1;
 fail:
 	count(STAT_DROP_ADJUST, bytes);
 	return TC_ACT_SHOT;
