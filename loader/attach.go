@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -468,10 +469,43 @@ func (d *Datapath) registerInterface(dev netlink.Link) error {
 		return err
 	}
 	entry := xdp.NicIface{Addr: xdp.IPv4ToNet(addr)}
+	extra, err := d.snatExtraAddrsOf(dev, addr)
+	if err != nil {
+		return err
+	}
+	for i, a := range extra {
+		entry.ExtraAddrs[i] = xdp.AddrToNet(a)
+	}
+	entry.ExtraCount = uint32(len(extra))
 	if err := d.Maps.Ifaces.Put(ifindex, entry); err != nil {
 		return fmt.Errorf("record interface address: %w", err)
 	}
 	return nil
+}
+
+// snatExtraAddrsOf is which of the extra SNAT addresses the device has,
+// besides first (its SNAT source address).
+func (d *Datapath) snatExtraAddrsOf(dev netlink.Link, first net.IP) ([]netip.Addr, error) {
+	if d.opts.SNATExtraAddrs == ([MaxSNATExtraAddrs]netip.Addr{}) {
+		return nil, nil
+	}
+	addrs, err := netlink.AddrList(dev, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	has := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && !a.IP.Equal(first) {
+			has[ip] = true
+		}
+	}
+	var extra []netip.Addr
+	for _, a := range d.opts.SNATExtraAddrs {
+		if a.IsValid() && has[a] {
+			extra = append(extra, a)
+		}
+	}
+	return extra, nil
 }
 
 // FirstIPv4 returns the first IPv4 address of a device, or nil if it has none.

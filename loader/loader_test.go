@@ -276,7 +276,7 @@ func TestResizeMovesSNATSlots(t *testing.T) {
 	_, buckets := putSlotInLastBucket(t, dp, backend, node, slot)
 	dp.Close()
 
-	opts.SNATPortMin, opts.SNATPortMax = 40000, 49999
+	opts.SNATPorts = xdp.SNATPorts{{Min: 40000, Max: 49999}}
 	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -301,7 +301,7 @@ func TestShiftedSNATRangeMovesSlots(t *testing.T) {
 	size := dp.Maps.SNATSlots.MaxEntries()
 	dp.Close()
 
-	opts.SNATPortMin, opts.SNATPortMax = 40400, 41399 // port 40500 stays in it
+	opts.SNATPorts = xdp.SNATPorts{{Min: 40400, Max: 41399}} // port 40500 stays in it
 	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -323,7 +323,7 @@ func TestSlotsLeftByAKilledStartAreMoved(t *testing.T) {
 	putSlotInLastBucket(t, dp, backend, node, slot)
 	dp.Close()
 
-	opts.SNATPortMin, opts.SNATPortMax = 40400, 41399
+	opts.SNATPorts = xdp.SNATPorts{{Min: 40400, Max: 41399}}
 	killed, err := loader.Load(opts, nil) // neither committed nor reverted
 	if err != nil {
 		t.Fatal(err)
@@ -354,7 +354,7 @@ func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {
 	root := testenv.BPFFS(t)
 	opts, dp, backend, node, slot := loadWithSNATSlot(t, root)
 	// Anywhere but the first bucket, which the move will hand out.
-	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(1, 40500, 40000, 40999), slot); err != nil {
+	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(1, 40500, xdp.SNATPorts{{Min: 40000, Max: 40999}}), slot); err != nil {
 		t.Fatal(err)
 	}
 	dp.Close()
@@ -369,7 +369,7 @@ func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {
 	defer dp.Close()
 	expectSlotAtHint(t, dp, backend, node, slot)
 	var stale xdp.NicSnatSlot
-	if err := dp.Maps.SNATSlots.Lookup(xdp.SNATSlot(1, 40500, 40000, 40999), &stale); err != nil || stale.Key.Proto != 0 {
+	if err := dp.Maps.SNATSlots.Lookup(xdp.SNATSlot(1, 40500, xdp.SNATPorts{{Min: 40000, Max: 40999}}), &stale); err != nil || stale.Key.Proto != 0 {
 		t.Fatalf("the slot's old place still holds %+v (%v)", stale, err)
 	}
 }
@@ -379,7 +379,7 @@ func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {
 func loadWithSNATSlot(t *testing.T, root string) (loader.Options, *loader.Datapath, netip.AddrPort, netip.Addr, xdp.NicSnatSlot) {
 	t.Helper()
 	opts := smallOptions(root)
-	opts.SNATPortMin, opts.SNATPortMax = 40000, 40999
+	opts.SNATPorts = xdp.SNATPorts{{Min: 40000, Max: 40999}}
 	dp, err := loadertest.Load(opts, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -404,7 +404,7 @@ func putSlotInLastBucket(t *testing.T, dp *loader.Datapath, backend netip.AddrPo
 	if err := dp.Maps.SNATBucketHints.Put(hint, buckets); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(buckets-1, 40500, 40000, 40999), slot); err != nil {
+	if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(buckets-1, 40500, xdp.SNATPorts{{Min: 40000, Max: 40999}}), slot); err != nil {
 		t.Fatal(err)
 	}
 	return hint, buckets
@@ -424,7 +424,7 @@ func expectSlotAtHint(t *testing.T, dp *loader.Datapath, backend netip.AddrPort,
 		t.Fatalf("backend %s has no SNAT bucket (hint %d of %d buckets)", backend, hint, opts.SNATBuckets())
 	}
 	var got xdp.NicSnatSlot
-	at := xdp.SNATSlot(bucket, xdp.NetToPort(want.Key.Dport), opts.SNATPortMin, opts.SNATPortMax)
+	at := xdp.SNATSlot(bucket, xdp.NetToPort(want.Key.Dport), opts.SNATPorts)
 	if err := dp.Maps.SNATSlots.Lookup(at, &got); err != nil || got != want {
 		t.Fatalf("slot %d (bucket %d): %+v (%v), want %+v", at, bucket, got, err, want)
 	}
@@ -441,7 +441,7 @@ func TestSNATSlotsHoldTwiceTheNATEntries(t *testing.T) {
 	}
 	for _, c := range cases {
 		o := loader.DefaultOptions()
-		o.NATMax, o.SNATPortMin, o.SNATPortMax = uint32(c.natMax), c.portMin, c.portMax
+		o.NATMax, o.SNATPorts = uint32(c.natMax), xdp.SNATPorts{{Min: c.portMin, Max: c.portMax}}
 		if got := o.SNATBuckets(); got != c.buckets {
 			t.Errorf("NAT max %d, SNAT ports %d-%d: %d buckets, want %d", c.natMax, c.portMin, c.portMax, got, c.buckets)
 		}
@@ -461,7 +461,7 @@ func TestInvalidOptionsAreRejected(t *testing.T) {
 		want string
 	}{
 		{"no conntrack", func(o *loader.Options) { o.ConntrackMax = 0 }, "conntrack max"},
-		{"empty SNAT range", func(o *loader.Options) { o.SNATPortMin, o.SNATPortMax = 5000, 4000 }, "SNAT port range"},
+		{"empty SNAT range", func(o *loader.Options) { o.SNATPorts = xdp.SNATPorts{{Min: 5000, Max: 4000}} }, "SNAT port range"},
 		{"no timeout", func(o *loader.Options) { o.UDPTimeout = 0 }, "UDP timeout"},
 		{"no pin root", func(o *loader.Options) { o.PinRoot = "" }, "pin root"},
 	}

@@ -40,8 +40,14 @@ type Options struct {
 	TCPTransientTimeout   time.Duration
 	UDPTimeout            time.Duration
 	HashSeed              uint32
-	SNATPortMin           uint16
-	SNATPortMax           uint16
+	// SNATPorts are the source ports of SNAT flows, per backend address
+	// and port and node address (see docs/snat.md).
+	SNATPorts xdp.SNATPorts
+	// SNATExtraAddrs are more SNAT source addresses (invalid ones unused):
+	// an attached interface that has some of them besides its first
+	// address spreads its SNAT flows over them all, each address with
+	// SNATPorts of its own.
+	SNATExtraAddrs [MaxSNATExtraAddrs]netip.Addr
 	// HairpinAddr is the source address of hairpin flows (a pod reaching
 	// itself through a service); link-local, never on the wire.
 	HairpinAddr netip.Addr
@@ -138,6 +144,50 @@ const MaxICMPRate = uint32(time.Second)
 // before ICMPRate applies: ICMP_ERROR_BURST in xdp/include/icmp_limit.h.
 const ICMPErrorBurst = 50
 
+// DefaultSNATPorts are every port from 1024 up but the default NodePort
+// range (30000-32767) and the part of Linux's default ephemeral range
+// (ip_local_port_range 32768-60999) left to the host's own connections,
+// 32768-39999: 54,512 ports. Ports 40000-60999 are reserved from the host
+// (ip_local_reserved_ports); the rest it can only take by binding them
+// explicitly, and a claim passes over a port the host has a socket on.
+// docs/snat.md says why.
+var DefaultSNATPorts = xdp.SNATPorts{{Min: 1024, Max: 29999}, {Min: 40000, Max: 65535}}
+
+// MaxSNATExtraAddrs is how many extra SNAT addresses there may be
+// (IFACE_EXTRA_ADDRS in xdp/include/maps.h).
+const MaxSNATExtraAddrs = len(xdp.NicIface{}.ExtraAddrs)
+
+// DefaultSNATPortsBeside is DefaultSNATPorts less the ports of a NodePort
+// range other than the default one: the two largest pieces left.
+func DefaultSNATPortsBeside(nodePorts xdp.PortRange) xdp.SNATPorts {
+	var pieces []xdp.PortRange
+	for _, r := range DefaultSNATPorts.Ranges() {
+		if nodePorts.Len() == 0 || nodePorts.Max < r.Min || nodePorts.Min > r.Max {
+			pieces = append(pieces, r)
+			continue
+		}
+		if nodePorts.Min > r.Min {
+			pieces = append(pieces, xdp.PortRange{Min: r.Min, Max: nodePorts.Min - 1})
+		}
+		if nodePorts.Max < r.Max {
+			pieces = append(pieces, xdp.PortRange{Min: nodePorts.Max + 1, Max: r.Max})
+		}
+	}
+	// The two largest, kept in port order.
+	for len(pieces) > 2 {
+		smallest := 0
+		for i, p := range pieces {
+			if p.Len() < pieces[smallest].Len() {
+				smallest = i
+			}
+		}
+		pieces = append(pieces[:smallest], pieces[smallest+1:]...)
+	}
+	var ports xdp.SNATPorts
+	copy(ports[:], pieces)
+	return ports
+}
+
 // DefaultOptions are sized for a large edge node: half a million tracked
 // flows and 64k service ports fit in well under 1 GiB of map memory.
 func DefaultOptions() Options {
@@ -154,8 +204,7 @@ func DefaultOptions() Options {
 		TCPTransientTimeout:   60 * time.Second,
 		UDPTimeout:            60 * time.Second,
 		HashSeed:              0x5eed1b,
-		SNATPortMin:           40000,
-		SNATPortMax:           60999,
+		SNATPorts:             DefaultSNATPorts,
 		HairpinAddr:           netip.MustParseAddr("169.254.42.1"),
 		ICMPRate:              1000,
 		SYNCookies:            SYNCookiesAuto,
@@ -189,10 +238,7 @@ func (o Options) SNATSlots() uint32 {
 }
 
 func (o Options) snatRange() uint32 {
-	if o.SNATPortMax < o.SNATPortMin {
-		return 1
-	}
-	return uint32(o.SNATPortMax) - uint32(o.SNATPortMin) + 1
+	return max(1, o.SNATPorts.Len())
 }
 
 // Validate reports the first option that cannot work.
@@ -222,8 +268,11 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
 		}
 	}
-	if o.SNATPortMin == 0 || o.SNATPortMin > o.SNATPortMax {
-		errs = append(errs, fmt.Errorf("SNAT port range %d-%d is empty", o.SNATPortMin, o.SNATPortMax))
+	if o.SNATPorts[0].Len() == 0 || o.SNATPorts[0].Min == 0 {
+		errs = append(errs, fmt.Errorf("SNAT port range %s is empty", o.SNATPorts[0]))
+	}
+	if second := o.SNATPorts[1]; second.Max != 0 && (second.Len() == 0 || second.Min <= o.SNATPorts[0].Max) {
+		errs = append(errs, fmt.Errorf("second SNAT port range %s is empty, or not above the first, %s", second, o.SNATPorts[0]))
 	}
 	if _, ok := synCookieModeNames[o.SYNCookies]; !ok {
 		errs = append(errs, fmt.Errorf("SYN cookie mode %d is unknown", uint32(o.SYNCookies)))

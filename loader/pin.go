@@ -253,17 +253,17 @@ const snatBucketHints = "snat_bucket_hints"
 // Unreadable slots count as placed.
 func misplacedSNATSlot(slots *ebpf.Map, opts Options) error {
 	const enough = 64
-	width := uint32(opts.SNATPortMax) - uint32(opts.SNATPortMin) + 1
+	width := opts.SNATPorts.Len()
 	var misplaced error
 	seen := 0
 	err := readEntriesWhile(slots, func(index *uint32, slot *xdp.NicSnatSlot) bool {
 		if slot.Key.Proto == 0 {
 			return true
 		}
-		port := uint32(xdp.NetToPort(slot.Key.Dport))
-		if port < uint32(opts.SNATPortMin) || port > uint32(opts.SNATPortMax) || *index%width != port-uint32(opts.SNATPortMin) {
-			misplaced = fmt.Errorf("SNAT slot %d holds port %d, which ports %d-%d put elsewhere",
-				*index, port, opts.SNATPortMin, opts.SNATPortMax)
+		port := xdp.NetToPort(slot.Key.Dport)
+		if offset, ok := opts.SNATPorts.Offset(port); !ok || width == 0 || *index%width != offset {
+			misplaced = fmt.Errorf("SNAT slot %d holds port %d, which ports %s put elsewhere",
+				*index, port, opts.SNATPorts)
 			return false
 		}
 		seen++
@@ -655,7 +655,7 @@ func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, s
 			continue
 		}
 		port := xdp.NetToPort(slot.Key.Dport)
-		if port < opts.SNATPortMin || port > opts.SNATPortMax {
+		if !opts.SNATPorts.Contains(port) {
 			skipped++
 			continue
 		}
@@ -666,7 +666,7 @@ func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, s
 			skipped++
 			continue
 		}
-		at := xdp.SNATSlot(bucket, port, opts.SNATPortMin, opts.SNATPortMax)
+		at := xdp.SNATSlot(bucket, port, opts.SNATPorts)
 		var there xdp.NicSnatSlot
 		if err := to.Lookup(at, &there); err != nil || there.Key.Proto != 0 {
 			skipped++

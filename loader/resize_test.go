@@ -402,7 +402,7 @@ func TestFailedResizeLeavesTheSNATHints(t *testing.T) {
 	pinned := loadertest.PinnedMapIDs(t, root)
 
 	bigger := opts
-	bigger.SNATPortMin, bigger.SNATPortMax = 40000, 49999
+	bigger.SNATPorts = xdp.SNATPorts{{Min: 40000, Max: 49999}}
 	if bigger.SNATBuckets() >= buckets {
 		t.Fatalf("the new layout has %d buckets, want fewer than %d", bigger.SNATBuckets(), buckets)
 	}

@@ -41,7 +41,7 @@ func newBenchEnv(b *testing.B, conntrackMax, frontendsMax uint32) *benchEnv {
 	b.Helper()
 	// The default SNAT range: 21k ports per backend.
 	defaults := loader.DefaultOptions()
-	f := newFixtureSized(b, conntrackMax, frontendsMax, withSNATRange(defaults.SNATPortMin, defaults.SNATPortMax))
+	f := newFixtureSized(b, conntrackMax, frontendsMax, withSNATPorts(defaults.SNATPorts))
 	spec, err := xdp.LoadBaseline()
 	if err != nil {
 		b.Fatal(err)

@@ -70,7 +70,12 @@ type fixtureOption func(*loader.Options)
 // withSNATRange loads the datapath with SNAT ports min-max. The range is a
 // load-time option: the SNAT slot array is sized for it.
 func withSNATRange(min, max uint16) fixtureOption {
-	return func(o *loader.Options) { o.SNATPortMin, o.SNATPortMax = min, max }
+	return withSNATPorts(xdp.SNATPorts{{Min: min, Max: max}})
+}
+
+// withSNATPorts loads the datapath with SNAT ports ports.
+func withSNATPorts(ports xdp.SNATPorts) fixtureOption {
+	return func(o *loader.Options) { o.SNATPorts = ports }
 }
 
 // withNATMax sizes the nat map, and with it the SNAT slots (twice as many).
@@ -112,8 +117,7 @@ func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32, fopts ...f
 	opts.FrontendsMax = frontendsMax
 	opts.BackendsMax = 256
 	opts.SourceRangesMax = 64
-	opts.SNATPortMin = snatMin
-	opts.SNATPortMax = snatMax
+	opts.SNATPorts = xdp.SNATPorts{{Min: snatMin, Max: snatMax}}
 	// Flood tests fill ct_unconfirmed with SYNs: SYN cookies are the
 	// SYN proxy tests' (setSYNCookies).
 	opts.SYNCookies = loader.SYNCookiesOff

@@ -1341,7 +1341,7 @@ func (f *fixture) snatSlotInFirstBucket(backend netip.AddrPort, natAddr netip.Ad
 		f.t.Fatal(err)
 	}
 	opts := f.dp.Options()
-	return xdp.SNATSlot(0, port, opts.SNATPortMin, opts.SNATPortMax)
+	return xdp.SNATSlot(0, port, opts.SNATPorts)
 }
 
 // Busy backends get SNAT buckets of their own while there are buckets to

@@ -73,10 +73,3 @@ func SNATHintBucket(hint, buckets uint32) (uint32, bool) {
 	}
 	return hint - 1, true
 }
-
-// SNATSlot is the index in the snat_slots map of SNAT port `port` of a
-// bucket (snat_slot_of in include/nat.h): buckets are copies of the SNAT
-// range [portMin, portMax], one after the other.
-func SNATSlot(bucket uint32, port, portMin, portMax uint16) uint32 {
-	return bucket*(uint32(portMax)-uint32(portMin)+1) + uint32(port-portMin)
-}

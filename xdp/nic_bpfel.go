@@ -55,6 +55,18 @@ const (
 	NicBackendFlagsBE_HOST        NicBackendFlags = 4
 )
 
+type NicBpfSockTuple struct {
+	_    structs.HostLayout
+	Ipv4 struct {
+		_     structs.HostLayout
+		Saddr uint32
+		Daddr uint32
+		Sport uint16
+		Dport uint16
+	}
+	_ [24]byte
+}
+
 type NicCounter struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -131,6 +143,9 @@ type NicDatapathConfig struct {
 	IcmpIntervalNs          uint32
 	SynCookies              uint32
 	SynFloodThreshold       uint32
+	SnatPort2Min            uint16
+	SnatPort2Len            uint16
+	Pad                     uint32
 }
 
 type NicFlowScratchBuf struct {
@@ -191,9 +206,11 @@ type NicIcmpBudget struct {
 }
 
 type NicIface struct {
-	_     structs.HostLayout
-	Addr  uint32
-	Flags uint32
+	_          structs.HostLayout
+	Addr       uint32
+	Flags      uint32
+	ExtraAddrs [8]uint32
+	ExtraCount uint32
 }
 
 type NicNatEntry struct {
@@ -357,7 +374,8 @@ const (
 	NicStatSTAT_DROP_FIN_OUT_OF_WINDOW NicStat = 55
 	NicStatSTAT_RST_SYNPROXY_LOST      NicStat = 56
 	NicStatSTAT_DROP_SYNPROXY_IN_TC    NicStat = 57
-	NicStatSTAT_MAX                    NicStat = 58
+	NicStatSTAT_SNAT_HOST_SOCKET       NicStat = 58
+	NicStatSTAT_MAX                    NicStat = 59
 )
 
 type NicSvcCounter struct {
@@ -425,6 +443,7 @@ const (
 	NicMapSnatBucketHands  = "snat_bucket_hands"
 	NicMapSnatBucketHints  = "snat_bucket_hints"
 	NicMapSnatSlots        = "snat_slots"
+	NicMapSnatSockTuple    = "snat_sock_tuple"
 	NicMapSockFrontends    = "sock_frontends"
 	NicMapSourceRanges     = "source_ranges"
 	NicMapStats            = "stats"
@@ -508,6 +527,7 @@ type NicMapSpecs struct {
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
+	SnatSockTuple    *ebpf.MapSpec `ebpf:"snat_sock_tuple"`
 	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats            *ebpf.MapSpec `ebpf:"stats"`
@@ -567,6 +587,7 @@ type NicMaps struct {
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
+	SnatSockTuple    *ebpf.Map `ebpf:"snat_sock_tuple"`
 	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
 	Stats            *ebpf.Map `ebpf:"stats"`
@@ -601,6 +622,7 @@ func (m *NicMaps) Close() error {
 		m.SnatBucketHands,
 		m.SnatBucketHints,
 		m.SnatSlots,
+		m.SnatSockTuple,
 		m.SockFrontends,
 		m.SourceRanges,
 		m.Stats,

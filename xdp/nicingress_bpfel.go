@@ -38,6 +38,7 @@ const (
 	NicIngressMapSnatBucketHands  = "snat_bucket_hands"
 	NicIngressMapSnatBucketHints  = "snat_bucket_hints"
 	NicIngressMapSnatSlots        = "snat_slots"
+	NicIngressMapSnatSockTuple    = "snat_sock_tuple"
 	NicIngressMapSockFrontends    = "sock_frontends"
 	NicIngressMapSourceRanges     = "source_ranges"
 	NicIngressMapStats            = "stats"
@@ -121,6 +122,7 @@ type NicIngressMapSpecs struct {
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
+	SnatSockTuple    *ebpf.MapSpec `ebpf:"snat_sock_tuple"`
 	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats            *ebpf.MapSpec `ebpf:"stats"`
@@ -180,6 +182,7 @@ type NicIngressMaps struct {
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
+	SnatSockTuple    *ebpf.Map `ebpf:"snat_sock_tuple"`
 	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
 	Stats            *ebpf.Map `ebpf:"stats"`
@@ -214,6 +217,7 @@ func (m *NicIngressMaps) Close() error {
 		m.SnatBucketHands,
 		m.SnatBucketHints,
 		m.SnatSlots,
+		m.SnatSockTuple,
 		m.SockFrontends,
 		m.SourceRanges,
 		m.Stats,

@@ -38,6 +38,7 @@ const (
 	PodMapSnatBucketHands  = "snat_bucket_hands"
 	PodMapSnatBucketHints  = "snat_bucket_hints"
 	PodMapSnatSlots        = "snat_slots"
+	PodMapSnatSockTuple    = "snat_sock_tuple"
 	PodMapSockFrontends    = "sock_frontends"
 	PodMapSourceRanges     = "source_ranges"
 	PodMapStats            = "stats"
@@ -121,6 +122,7 @@ type PodMapSpecs struct {
 	SnatBucketHands  *ebpf.MapSpec `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.MapSpec `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.MapSpec `ebpf:"snat_slots"`
+	SnatSockTuple    *ebpf.MapSpec `ebpf:"snat_sock_tuple"`
 	SockFrontends    *ebpf.MapSpec `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.MapSpec `ebpf:"source_ranges"`
 	Stats            *ebpf.MapSpec `ebpf:"stats"`
@@ -180,6 +182,7 @@ type PodMaps struct {
 	SnatBucketHands  *ebpf.Map `ebpf:"snat_bucket_hands"`
 	SnatBucketHints  *ebpf.Map `ebpf:"snat_bucket_hints"`
 	SnatSlots        *ebpf.Map `ebpf:"snat_slots"`
+	SnatSockTuple    *ebpf.Map `ebpf:"snat_sock_tuple"`
 	SockFrontends    *ebpf.Map `ebpf:"sock_frontends"`
 	SourceRanges     *ebpf.Map `ebpf:"source_ranges"`
 	Stats            *ebpf.Map `ebpf:"stats"`
@@ -214,6 +217,7 @@ func (m *PodMaps) Close() error {
 		m.SnatBucketHands,
 		m.SnatBucketHints,
 		m.SnatSlots,
+		m.SnatSockTuple,
 		m.SockFrontends,
 		m.SourceRanges,
 		m.Stats,

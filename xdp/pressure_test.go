@@ -431,7 +431,9 @@ func expectUniqueReplyTuples(t testing.TB, f *fixture) {
 				return true
 			}
 			timeout = time.Duration(cfg.TcpTransientTimeoutNs)
-			if dataplane.TCPEstablished(fl.TCPState) && !fl.Unconfirmed {
+			if fl.Unconfirmed {
+				timeout = min(timeout, dataplane.UnconfirmedTCPTimeout)
+			} else if dataplane.TCPEstablished(fl.TCPState) {
 				timeout = time.Duration(cfg.TcpEstablishedTimeoutNs)
 			}
 		}
@@ -493,6 +495,44 @@ func TestSpoofedTupleOfTheOtherOriginIsDropped(t *testing.T) {
 			if again := f.mustFlow(flowKeyOf(in)); again.External != flow.External || again.Backend != flow.Backend ||
 				again.NAT != flow.NAT || again.Created != flow.Created {
 				t.Fatalf("the flow after the spoofed packets: %+v, was %+v", again, flow)
+			}
+		})
+	}
+}
+
+// An unconfirmed TCP flow holds its SNAT port for at most
+// UnconfirmedTCPTimeout of idleness, not the transient timeout: spoofed
+// SYNs below the SYN flood threshold hold a bounded share of a backend's
+// ports. With one port, a second client gets it only once the first
+// client's half-open flow is past that timeout; a confirmed flow's port is
+// held for its whole timeout.
+func TestUnconfirmedFlowsHoldTheirPortBriefly(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		confirmed bool
+		idle      time.Duration
+		wantPort  bool
+	}{
+		{"unconfirmed, idle less than its timeout", false, dataplane.UnconfirmedTCPTimeout - time.Second, false},
+		{"unconfirmed, idle past its timeout", false, dataplane.UnconfirmedTCPTimeout + time.Second, true},
+		{"confirmed, idle as long", true, dataplane.UnconfirmedTCPTimeout + time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, withSNATRange(snatMin, snatMin))
+			f.program(oneRemoteBackend())
+			first := tcpFrame(clientAddr, 6001, nodeAddr, 30100, packet.SYN, "")
+			sent := decode(t, f.run(first.Bytes(), f.nic0).out)
+			if tc.confirmed {
+				f.handshake(first, sent)
+			}
+			f.ageFlowBy(flowKeyOf(first), tc.idle)
+			second := tcpFrame(clientAddr, 6002, nodeAddr, 30100, packet.SYN, "")
+			r := f.run(second.Bytes(), f.nic0)
+			if got := r.verdict == xdpRedirect; got != tc.wantPort {
+				t.Fatalf("second client's SYN: verdict %v; want it to get the port: %v", r.verdict, tc.wantPort)
+			}
+			if tc.wantPort && decode(t, r.out).SrcPort != snatMin {
+				t.Errorf("second client got port %d, want %d", decode(t, r.out).SrcPort, snatMin)
 			}
 		})
 	}

@@ -31,7 +31,7 @@ func snatSlotOf(t *testing.T, f *fixture, backend netip.AddrPort, natAddr netip.
 	if !ok {
 		t.Fatalf("backend %s has no SNAT bucket", backend)
 	}
-	return bucket, xdp.SNATSlot(bucket, port, opts.SNATPortMin, opts.SNATPortMax)
+	return bucket, xdp.SNATSlot(bucket, port, opts.SNATPorts)
 }
 
 func (f *fixture) snatSlot(index uint32) xdp.NicSnatSlot {
@@ -46,7 +46,8 @@ func (f *fixture) snatSlot(index uint32) xdp.NicSnatSlot {
 // offerNext makes a bucket's hand offer port next, and ends any rest.
 func (f *fixture) offerNext(bucket uint32, port uint16) {
 	f.t.Helper()
-	hand := xdp.NicSnatBucketHand{Next: uint32(port - f.dp.Options().SNATPortMin)}
+	offset, _ := f.dp.Options().SNATPorts.Offset(port)
+	hand := xdp.NicSnatBucketHand{Next: offset}
 	if err := f.dp.Maps.SNATBucketHands.Put(bucket, hand); err != nil {
 		f.t.Fatal(err)
 	}

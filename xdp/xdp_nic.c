@@ -265,7 +265,7 @@ static __always_inline int serve_frontend_port(struct xdp_md *ctx, struct packet
 		 * check, the rewrite and a cached next hop. */
 		if (!ct)
 			return drop(STAT_DROP_CT_FULL, pkt->len);
-		switch (flow_touch(res, ct, pkt, cfg, now)) {
+		switch (flow_touch(ctx, res, ct, pkt, cfg, now)) {
 		case FLOW_TRACKED:
 			break;
 		case FLOW_RESET:

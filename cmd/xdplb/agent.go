@@ -24,6 +24,7 @@ import (
 	"github.com/xdplb/xdplb/control/agent"
 	"github.com/xdplb/xdplb/control/maglev"
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 func bpffsFlag() cli.Flag {
@@ -85,8 +86,10 @@ func agentFlags() []cli.Flag {
 			Usage: "idle timeout of a TCP flow while opening or closing"},
 		&cli.DurationFlag{Name: "udp-timeout", Value: d.UDPTimeout, EnvVars: env("udp-timeout"),
 			Usage: "idle timeout of a UDP flow"},
-		&cli.StringFlag{Name: "snat-port-range", Value: fmt.Sprintf("%d-%d", d.SNATPortMin, d.SNATPortMax), EnvVars: env("snat-port-range"),
-			Usage: "source ports for SNAT to remote backends, per backend; reserved from the host's ephemeral ports, of which at least 1024 must stay the host's"},
+		&cli.StringFlag{Name: "snat-port-range", Value: d.SNATPorts.String(), EnvVars: env("snat-port-range"),
+			Usage: "source ports for SNAT to remote backends, per backend and node address: one range or two; those within the host's ephemeral ports are reserved from them (at least 1024 must stay the host's), and a port the host has a socket on is passed over; by default, when --nodeport-range overlaps it, the two largest pieces left"},
+		&cli.StringSliceFlag{Name: "snat-extra-addresses", EnvVars: env("snat-extra-addresses"), DefaultText: "none",
+			Usage: "more addresses of the --iface interfaces for SNAT to remote backends: an interface that has some of them spreads its SNAT flows over its address and those, each with --snat-port-range ports of its own (the network must route them to this node)"},
 		&cli.StringFlag{Name: "nodeport-range", Value: "30000-32767", EnvVars: env("nodeport-range"),
 			Usage: "the cluster's NodePort range (--service-node-port-range)"},
 		&cli.UintFlag{Name: "icmp-rate", Value: uint(d.ICMPRate), EnvVars: env("icmp-rate"),
@@ -341,37 +344,20 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		return cfg, flagError("min-sync-period", cfg.MinSyncPeriod, fmt.Sprintf("above --sync-period %s", cfg.SyncPeriod))
 	}
 
-	snatLo, snatHi, err := parsePortRange(c.String("snat-port-range"))
-	if err != nil {
-		return cfg, flagError("snat-port-range", c.String("snat-port-range"), err.Error())
-	}
-	if snatLo < 1024 {
-		return cfg, flagError("snat-port-range", c.String("snat-port-range"), "ports below 1024 are privileged")
-	}
-	if int(snatHi)-int(snatLo) < 1023 {
-		return cfg, flagError("snat-port-range", c.String("snat-port-range"), fmt.Sprintf("%d ports, at least 1024 are needed", int(snatHi)-int(snatLo)+1))
-	}
-	if cfg.ProcSys, err = hostProcSys(c); err != nil {
-		return cfg, err
-	}
-	if err := cfg.ProcSys.CheckSNATRange(snatLo, snatHi); err != nil {
-		return cfg, flagError("snat-port-range", c.String("snat-port-range"), err.Error())
-	}
-	opts.SNATPortMin, opts.SNATPortMax = snatLo, snatHi
 	npLo, npHi, err := parsePortRange(c.String("nodeport-range"))
 	if err != nil {
 		return cfg, flagError("nodeport-range", c.String("nodeport-range"), err.Error())
 	}
-	if snatLo <= npHi && npLo <= snatHi {
-		// Blame the flag the user set: the other one is at its default.
-		if c.IsSet("nodeport-range") && !c.IsSet("snat-port-range") {
-			return cfg, flagError("nodeport-range", c.String("nodeport-range"),
-				fmt.Sprintf("overlaps --snat-port-range %s", c.String("snat-port-range")))
-		}
-		return cfg, flagError("snat-port-range", c.String("snat-port-range"),
-			fmt.Sprintf("overlaps --nodeport-range %s", c.String("nodeport-range")))
-	}
 	cfg.NodePortMin, cfg.NodePortMax = npLo, npHi
+	if cfg.ProcSys, err = hostProcSys(c); err != nil {
+		return cfg, err
+	}
+	if opts.SNATPorts, err = snatPortsFlag(c, xdp.PortRange{Min: npLo, Max: npHi}, cfg.ProcSys); err != nil {
+		return cfg, err
+	}
+	if opts.SNATExtraAddrs, err = snatExtraAddrsFlag(c); err != nil {
+		return cfg, err
+	}
 	for _, s := range listValues(c, "nodeport-addresses") {
 		if s == "primary" {
 			cfg.NodePortPrimary = true
@@ -557,6 +543,58 @@ func bindHosts(host string) []netip.Addr {
 		return nil
 	}
 	return []netip.Addr{ip}
+}
+
+// snatPortsFlag reads --snat-port-range: ports from 1024 up, at least 1024
+// of them, apart from the NodePort range, leaving the host its share of
+// ephemeral ports. Unset, it is the default less the NodePort range.
+func snatPortsFlag(c *cli.Context, nodePorts xdp.PortRange, procSys agent.ProcSys) (xdp.SNATPorts, error) {
+	value := c.String("snat-port-range")
+	ports := loader.DefaultSNATPortsBeside(nodePorts)
+	if c.IsSet("snat-port-range") {
+		var err error
+		if ports, err = xdp.ParseSNATPorts(value); err != nil {
+			return ports, flagError("snat-port-range", value, err.Error())
+		}
+	}
+	for _, r := range ports.Ranges() {
+		if r.Min < 1024 {
+			return ports, flagError("snat-port-range", value, "ports below 1024 are privileged")
+		}
+		if r.Min <= nodePorts.Max && nodePorts.Min <= r.Max {
+			return ports, flagError("snat-port-range", value,
+				fmt.Sprintf("%s overlaps --nodeport-range %s", r, nodePorts))
+		}
+	}
+	if n := ports.Len(); n < 1024 {
+		return ports, flagError("snat-port-range", value, fmt.Sprintf("%d ports, at least 1024 are needed", n))
+	}
+	if err := procSys.CheckSNATRange(ports); err != nil {
+		return ports, flagError("snat-port-range", ports.String(), err.Error())
+	}
+	return ports, nil
+}
+
+// snatExtraAddrsFlag reads --snat-extra-addresses: unicast IPv4 addresses
+// (listValues drops repeats), at most loader.MaxSNATExtraAddrs.
+func snatExtraAddrsFlag(c *cli.Context) ([loader.MaxSNATExtraAddrs]netip.Addr, error) {
+	var addrs [loader.MaxSNATExtraAddrs]netip.Addr
+	values := listValues(c, "snat-extra-addresses")
+	if len(values) > len(addrs) {
+		return addrs, flagError("snat-extra-addresses", strings.Join(values, ","),
+			fmt.Sprintf("%d addresses, at most %d", len(values), len(addrs)))
+	}
+	for i, s := range values {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !a.Is4() {
+			return addrs, flagError("snat-extra-addresses", s, "not an IPv4 address")
+		}
+		if !a.IsGlobalUnicast() {
+			return addrs, flagError("snat-extra-addresses", s, "not a unicast address a node can have")
+		}
+		addrs[i] = a
+	}
+	return addrs, nil
 }
 
 func parsePortRange(s string) (uint16, uint16, error) {

@@ -27,6 +27,7 @@ import (
 	"github.com/xdplb/xdplb/control/agent"
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/testenv"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -294,19 +295,29 @@ func agentCases(dir string) []flagCase {
 		{name: "syn-cookies unknown mode", set: map[string]string{"syn-cookies": "sometimes"}, flag: "syn-cookies", want: "not a mode"},
 		{name: "syn-flood-threshold zero", set: map[string]string{"syn-flood-threshold": "0"}, flag: "syn-flood-threshold", want: "out of range"},
 		{name: "syn-flood-threshold not a number", set: map[string]string{"syn-flood-threshold": "many"}, flag: "syn-flood-threshold"},
-		{name: "snat-port-range not a range", set: map[string]string{"snat-port-range": "40000"}, flag: "snat-port-range", want: "not a range"},
+		{name: "snat-port-range not a range", set: map[string]string{"snat-port-range": "40000"}, flag: "snat-port-range", want: "not LOW-HIGH"},
 		{name: "snat-port-range not numbers", set: map[string]string{"snat-port-range": "a-b"}, flag: "snat-port-range"},
 		{name: "snat-port-range privileged", set: map[string]string{"snat-port-range": "1000-3000"}, flag: "snat-port-range", want: "privileged"},
 		{name: "snat-port-range too small", set: map[string]string{"snat-port-range": "40000-40100"}, flag: "snat-port-range", want: "at least 1024"},
-		{name: "snat-port-range reversed", set: map[string]string{"snat-port-range": "60000-50000"}, flag: "snat-port-range", want: "low end above high end"},
+		{name: "snat-port-range reversed", set: map[string]string{"snat-port-range": "60000-50000"}, flag: "snat-port-range", want: "is empty"},
+		{name: "snat-port-range three ranges", set: map[string]string{"snat-port-range": "2000-3000,4000-5000,6000-7000"}, flag: "snat-port-range", want: "at most 2"},
+		{name: "snat-port-range out of order", set: map[string]string{"snat-port-range": "50000-60000,2000-3000"}, flag: "snat-port-range", want: "give the lower range first"},
+		{name: "snat-port-range second range privileged", set: map[string]string{"snat-port-range": "0-100,2000-3000"}, flag: "snat-port-range"},
+		{name: "snat-port-range two ranges too small", set: map[string]string{"snat-port-range": "2000-2400,3000-3400"}, flag: "snat-port-range", want: "802 ports, at least 1024"},
 		{name: "snat-port-range beyond 65535", set: map[string]string{"snat-port-range": "60000-70000"}, flag: "snat-port-range"},
 		// The test namespace's ip_local_port_range is the kernel's 32768 60999.
 		{name: "snat-port-range takes the host's ephemeral ports", set: map[string]string{"snat-port-range": "32768-60999"},
 			flag: "snat-port-range", want: "would leave the host 0 of its ephemeral ports"},
 		{name: "snat-port-range overlaps nodeport-range", set: map[string]string{"snat-port-range": "30000-40000"}, flag: "snat-port-range", want: "overlaps --nodeport-range"},
+		{name: "snat-extra-addresses not an address", set: map[string]string{"snat-extra-addresses": "10.0.0.0/24"}, flag: "snat-extra-addresses", want: "not an IPv4 address"},
+		{name: "snat-extra-addresses IPv6", set: map[string]string{"snat-extra-addresses": "fd00::1"}, flag: "snat-extra-addresses", want: "not an IPv4 address"},
+		{name: "snat-extra-addresses loopback", set: map[string]string{"snat-extra-addresses": "127.0.0.2"}, flag: "snat-extra-addresses", want: "not a unicast address"},
+		{name: "snat-extra-addresses too many", set: map[string]string{"snat-extra-addresses": "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5,10.0.0.6,10.0.0.7,10.0.0.8,10.0.0.9"},
+			flag: "snat-extra-addresses", want: "9 addresses, at most 8"},
 		{name: "nodeport-range not a range", set: map[string]string{"nodeport-range": "30000"}, flag: "nodeport-range"},
 		{name: "nodeport-range zero", set: map[string]string{"nodeport-range": "0-100"}, flag: "nodeport-range"},
-		{name: "nodeport-range overlaps snat-port-range", set: map[string]string{"nodeport-range": "50000-50100"}, flag: "nodeport-range", want: `--nodeport-range "50000-50100": overlaps --snat-port-range`},
+		{name: "nodeport-range overlaps a set snat-port-range", set: map[string]string{"nodeport-range": "50000-50100", "snat-port-range": "45000-55000"},
+			flag: "snat-port-range", want: "45000-55000 overlaps --nodeport-range 50000-50100"},
 		{name: "nodeport-addresses not a CIDR", set: map[string]string{"nodeport-addresses": "10.0.0.1"}, flag: "nodeport-addresses", want: "not an IPv4 CIDR"},
 		{name: "nodeport-addresses IPv6", set: map[string]string{"nodeport-addresses": "fd00::/64"}, flag: "nodeport-addresses"},
 		{name: "nodeport-addresses primary and CIDR", set: map[string]string{"nodeport-addresses": "primary,10.0.0.0/8"}, flag: "nodeport-addresses", want: `"primary" cannot be combined`},
@@ -608,6 +619,33 @@ func TestDefaultsValidate(t *testing.T) {
 			t.Errorf("config from defaults: %+v", cfg)
 		}
 	})
+
+	// The default SNAT ports leave out a NodePort range of another place;
+	// set, two ranges are taken as given.
+	for _, c := range []struct {
+		name string
+		args []string
+		want xdp.SNATPorts
+	}{
+		{"SNAT ports beside the NodePort range", []string{"--nodeport-range", "20000-22767"},
+			xdp.SNATPorts{{Min: 1024, Max: 19999}, {Min: 40000, Max: 65535}}},
+		{"SNAT ports beside a NodePort range among them", []string{"--nodeport-range", "50000-50100"},
+			xdp.SNATPorts{{Min: 1024, Max: 29999}, {Min: 50101, Max: 65535}}},
+		{"two SNAT ranges", []string{"--snat-port-range", "2000-2999, 61000-62000"},
+			xdp.SNATPorts{{Min: 2000, Max: 2999}, {Min: 61000, Max: 62000}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cleanEnv(t)
+			agents.started = nil
+			r := agents.runIn(t, ns, append([]string{"agent", "--iface", "eth0", "--services-file", servicesFile}, c.args...)...)
+			if r.code != exitOK || len(agents.started) != 1 {
+				t.Fatalf("exit code %d\n%s", r.code, r.stderr)
+			}
+			if got := agents.started[0].Datapath.SNATPorts; got != c.want {
+				t.Errorf("SNAT ports %s, want %s", got, c.want)
+			}
+		})
+	}
 
 	t.Run("environment", func(t *testing.T) {
 		cleanEnv(t)

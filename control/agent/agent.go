@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -135,7 +136,7 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListener(healthzLn)
 		closeListener(metricsLn)
 	}
-	if err := cfg.ProcSys.CheckSNATRange(cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax); err != nil {
+	if err := cfg.ProcSys.CheckSNATRange(cfg.Datapath.SNATPorts); err != nil {
 		closeListeners()
 		return nil, err
 	}
@@ -175,7 +176,7 @@ func start(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	// After the load, which mounts the pin root: the reservation is
 	// recorded there. Before the attach: no flow takes a SNAT port first.
-	if reserved, err = reserveSNATPorts(cfg.Datapath.PinRoot, cfg.ProcSys, cfg.Datapath.SNATPortMin, cfg.Datapath.SNATPortMax, log); err != nil {
+	if reserved, err = reserveSNATPorts(cfg.Datapath.PinRoot, cfg.ProcSys, cfg.Datapath.SNATPorts, log); err != nil {
 		return revert(err)
 	}
 	a, err := assemble(cfg, log, src, dp)
@@ -338,7 +339,27 @@ func attach(dp *loader.Datapath, cfg Config, log *slog.Logger) ([]string, error)
 			warnHiddenVLANs(ifname, log)
 		}
 	}
+	warnMissingSNATAddrs(cfg, log)
 	return fresh, nil
+}
+
+// warnMissingSNATAddrs warns about extra SNAT addresses none of the
+// interfaces has (yet): no flow leaves with them until one gets them.
+func warnMissingSNATAddrs(cfg Config, log *slog.Logger) {
+	if cfg.Datapath.SNATExtraAddrs == ([loader.MaxSNATExtraAddrs]netip.Addr{}) {
+		return
+	}
+	have, err := interfaceAddresses(cfg.Interfaces)
+	if err != nil {
+		log.Warn("cannot check the extra SNAT addresses", "error", err)
+		return
+	}
+	for _, a := range cfg.Datapath.SNATExtraAddrs {
+		if a.IsValid() && !slices.Contains(have, a) {
+			log.Warn("extra SNAT address is on none of the interfaces: unused until one has it",
+				"address", a, "interfaces", strings.Join(cfg.Interfaces, ","))
+		}
+	}
 }
 
 // warnHiddenVLANs warns when XDP on ifname sees its VLANs' frames

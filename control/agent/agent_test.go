@@ -78,6 +78,7 @@ func TestSNATRangeIsReservedFromEphemeralPorts(t *testing.T) {
 		{"overlap", 40000, 60999, "32768 60999", "", "40000-60999", ""},
 		{"kept with others", 40000, 60999, "32768 60999", "22", "22,40000-60999", ""},
 		{"no overlap", 61000, 65535, "32768 60999", "", "", ""},
+		{"partly within: the overlap only", 50000, 65535, "32768 60999", "", "50000-60999", ""},
 		{"leaves the host too few ports", 1024, 65535, "32768 60999", "", "",
 			"would leave the host 0 of its ephemeral ports"},
 		{"leaves the host just enough", 32768, 59975, "32768 60999", "", "32768-59975", ""},
@@ -91,8 +92,8 @@ func TestSNATRangeIsReservedFromEphemeralPorts(t *testing.T) {
 			var err error
 			if derr := ns.Do(func() error {
 				// A pin root of its own: no record of an earlier case.
-				if err = ProcSys("").CheckSNATRange(c.lo, c.hi); err == nil {
-					_, err = reserveSNATPorts(filepath.Join(bpffs, fmt.Sprint(i)), "", c.lo, c.hi, discard())
+				if err = ProcSys("").CheckSNATRange(xdp.SNATPorts{{Min: c.lo, Max: c.hi}}); err == nil {
+					_, err = reserveSNATPorts(filepath.Join(bpffs, fmt.Sprint(i)), "", xdp.SNATPorts{{Min: c.lo, Max: c.hi}}, discard())
 				}
 				b, rerr := os.ReadFile(ProcSys("").localReservedPorts())
 				got = strings.TrimSpace(string(b))

@@ -182,7 +182,7 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 	client := netip.MustParseAddrPort("198.51.100.7:40000")
 	frontend := netip.MustParseAddrPort("192.0.2.1:30080")
 	backend := netip.MustParseAddrPort("10.244.1.10:8080")
-	snat := netip.AddrPortFrom(frontend.Addr(), opts.SNATPortMin)
+	snat := netip.AddrPortFrom(frontend.Addr(), opts.SNATPorts[0].Min)
 	owner := xdp.NicCtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
 		Daddr: xdp.AddrToNet(frontend.Addr()), Dport: xdp.PortToNet(frontend.Port()), Proto: dataplane.TCP}
 	flags := uint8(xdp.NicCtFlagsCT_F_SNAT | xdp.NicCtFlagsCT_F_EXTERNAL)

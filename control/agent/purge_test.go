@@ -345,7 +345,7 @@ func TestAgentKeepsFlowsOfARenamedPort(t *testing.T) {
 				FrontendPort: key.Dport, BackendId: ids[backend], SvcId: fe.SvcID, Flags: flags},
 			Generation: 1,
 		}
-		if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(0, snat.Port(), cfg.SnatPortMin, cfg.SnatPortMax), slot); err != nil {
+		if err := dp.Maps.SNATSlots.Put(xdp.SNATSlot(0, snat.Port(), xdp.SNATPortsOf(&cfg)), slot); err != nil {
 			t.Fatal(err)
 		}
 		clients[backend] = client

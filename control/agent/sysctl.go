@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/xdplb/xdplb/loader"
+	"github.com/xdplb/xdplb/xdp"
 )
 
 // ProcSys is the directory the node's /proc/sys is reached at; the zero
@@ -180,21 +181,31 @@ func (p ProcSys) ephemeralRange() (lo, hi int, err error) {
 // minEphemeralPorts of ip_local_port_range: reserving it would make the
 // host's connect() fail. It changes nothing, so it runs before anything
 // is loaded (the CLI checks its flags with it).
-func (p ProcSys) CheckSNATRange(lo, hi uint16) error {
+func (p ProcSys) CheckSNATRange(ports xdp.SNATPorts) error {
 	eLo, eHi, err := p.ephemeralRange()
 	if err != nil {
 		return err
 	}
-	if int(hi) < eLo || int(lo) > eHi {
-		return nil // no overlap
-	}
-	overlap := min(int(hi), eHi) - max(int(lo), eLo) + 1
-	if left := eHi - eLo + 1 - overlap; left < minEphemeralPorts {
-		return fmt.Errorf("SNAT port range %d-%d would leave the host %d of its ephemeral ports "+
-			"(ip_local_port_range %d-%d), fewer than %d: choose a range outside it or a smaller one",
-			lo, hi, left, eLo, eHi, minEphemeralPorts)
+	overlap := ephemeralOverlap(ports, eLo, eHi)
+	if left := eHi - eLo + 1 - overlap.count(); left < minEphemeralPorts {
+		return fmt.Errorf("SNAT ports %s would leave the host %d of its ephemeral ports "+
+			"(ip_local_port_range %d-%d), fewer than %d: choose ranges outside it or smaller ones",
+			ports, left, eLo, eHi, minEphemeralPorts)
 	}
 	return nil
+}
+
+// ephemeralOverlap is the SNAT ports the host could also pick for its own
+// connections: those within ip_local_port_range eLo-eHi.
+func ephemeralOverlap(ports xdp.SNATPorts, eLo, eHi int) portSet {
+	var s portSet
+	for _, r := range ports.Ranges() {
+		lo, hi := max(int(r.Min), eLo), min(int(r.Max), eHi)
+		if lo <= hi {
+			s.addRange(uint16(lo), uint16(hi))
+		}
+	}
+	return s
 }
 
 // snatReservation is what reserveSNATPorts changed in
@@ -204,24 +215,23 @@ type snatReservation struct {
 	released portSet // ports of an earlier range it gave back to the host
 }
 
-// reserveSNATPorts keeps the host's own sockets out of the SNAT port
-// range: if the range overlaps ip_local_port_range, it is added to
-// ip_local_reserved_ports (keeping what is there), so no ephemeral port
-// the kernel hands out can collide with a translated flow. Ports an
+// reserveSNATPorts keeps the host's own sockets out of the SNAT ports:
+// those within ip_local_port_range are added to ip_local_reserved_ports
+// (keeping what is there), so no ephemeral port the kernel hands out can
+// collide with a translated flow. (Ports outside it the host takes only
+// by an explicit bind; the datapath passes over a port the host has a
+// socket on.) Ports an
 // earlier start added for another range are removed. Which ports the
 // agent added (those not reserved already) is recorded under pinRoot, so
 // that a later start or ReleaseSNATPorts removes those and nothing that
 // was reserved by someone else. CheckSNATRange has accepted the range.
 // It returns what it changed there.
-func reserveSNATPorts(pinRoot string, procSys ProcSys, lo, hi uint16, log *slog.Logger) (snatReservation, error) {
+func reserveSNATPorts(pinRoot string, procSys ProcSys, ports xdp.SNATPorts, log *slog.Logger) (snatReservation, error) {
 	eLo, eHi, err := procSys.ephemeralRange()
 	if err != nil {
 		return snatReservation{}, err
 	}
-	var want portSet
-	if int(hi) >= eLo && int(lo) <= eHi {
-		want.addRange(lo, hi)
-	}
+	want := ephemeralOverlap(ports, eLo, eHi)
 	mine, err := loadReservedRecord(pinRoot)
 	if err != nil {
 		return snatReservation{}, err
@@ -253,7 +263,7 @@ func reserveSNATPorts(pinRoot string, procSys ProcSys, lo, hi uint16, log *slog.
 		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports "+
 			"(is --host-proc-sys the node's /proc/sys, mounted writable?): "+
 			"host connections may collide with translated flows",
-			"ports", fmt.Sprintf("%d-%d", lo, hi), "error", err)
+			"ports", ports.String(), "error", err)
 		return snatReservation{}, storeReservedRecord(pinRoot, mine.and(cur))
 	}
 	if err := storeReservedRecord(pinRoot, mine.and(want).and(kept).or(added)); err != nil {

@@ -29,6 +29,13 @@ func TestSNATPortReservations(t *testing.T) {
 		lo, hi uint16
 		want   string // ip_local_reserved_ports after the step
 	}
+	// portsOf is a step's SNAT ports: lo 0 for the default ones.
+	portsOf := func(s step) xdp.SNATPorts {
+		if s.lo == 0 {
+			return loader.DefaultSNATPorts
+		}
+		return xdp.SNATPorts{{Min: s.lo, Max: s.hi}}
+	}
 	for _, tc := range []struct {
 		name      string
 		portRange string // ip_local_port_range; "" for the namespace's default, 32768 60999
@@ -37,6 +44,9 @@ func TestSNATPortReservations(t *testing.T) {
 		released  string // after ReleaseSNATPorts
 	}{
 		{name: "fresh", starts: []step{{40000, 60999, "40000-60999"}}, released: ""},
+		{name: "default ports: those within the ephemeral range", starts: []step{{0, 0, "40000-60999"}}, released: ""},
+		{name: "default ports, the ephemeral range wider", portRange: "1024 65535",
+			starts: []step{{0, 0, "1024-29999,40000-65535"}}, released: ""},
 		{name: "restart keeps the range", starts: []step{{40000, 60999, "40000-60999"}, {40000, 60999, "40000-60999"}}, released: ""},
 		{name: "changed range replaces the old one",
 			starts:   []step{{40000, 60999, "40000-60999"}, {45000, 50000, "45000-50000"}},
@@ -73,10 +83,10 @@ func TestSNATPortReservations(t *testing.T) {
 			}
 			err := ns.Do(func() error {
 				for i, s := range tc.starts {
-					if err := ProcSys("").CheckSNATRange(s.lo, s.hi); err != nil {
+					if err := ProcSys("").CheckSNATRange(portsOf(s)); err != nil {
 						t.Fatalf("start %d (%d-%d): %v", i, s.lo, s.hi, err)
 					}
-					if _, err := reserveSNATPorts(root, "", s.lo, s.hi, log); err != nil {
+					if _, err := reserveSNATPorts(root, "", portsOf(s), log); err != nil {
 						t.Fatalf("start %d (%d-%d): %v", i, s.lo, s.hi, err)
 					}
 					if got := reserved(); got != s.want {
@@ -138,9 +148,11 @@ func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 				}
 				failing := cfg
 				failing.CgroupRoot = t.TempDir() // no cgroup v2: fails after the reservation
-				if _, err := fmt.Sscanf(c.snatRange, "%d-%d", &failing.Datapath.SNATPortMin, &failing.Datapath.SNATPortMax); err != nil {
+				ports, err := xdp.ParseSNATPorts(c.snatRange)
+				if err != nil {
 					return err
 				}
+				failing.Datapath.SNATPorts = ports
 				if a, err := Start(context.Background(), failing, discard()); err == nil {
 					a.Close()
 					return errors.New("Start succeeded")
@@ -164,9 +176,9 @@ func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 				var dc xdp.NicDatapathConfig
 				err = m.Config.Lookup(uint32(0), &dc)
 				m.Close()
-				if err != nil || dc.SnatPortMin != opts.SNATPortMin || dc.SnatPortMax != opts.SNATPortMax {
-					t.Errorf("after the failed start the datapath translates to ports %d-%d (%v), want %d-%d",
-						dc.SnatPortMin, dc.SnatPortMax, err, opts.SNATPortMin, opts.SNATPortMax)
+				if err != nil || xdp.SNATPortsOf(&dc) != opts.SNATPorts {
+					t.Errorf("after the failed start the datapath translates to ports %s (%v), want %s",
+						xdp.SNATPortsOf(&dc), err, opts.SNATPorts)
 				}
 			}
 			// The record agrees: a later detach releases what is reserved.
@@ -224,11 +236,11 @@ func TestSNATPortsReservedThroughHostProcSys(t *testing.T) {
 		if err := ProcSys(host).Check(); err != nil {
 			return err
 		}
-		if _, err := reserveSNATPorts(root, "", 40000, 60999, log); err != nil {
+		if _, err := reserveSNATPorts(root, "", xdp.SNATPorts{{Min: 40000, Max: 60999}}, log); err != nil {
 			return fmt.Errorf("through the read-only /proc/sys: %w", err)
 		}
 		viaReadOnly = read()
-		if _, err := reserveSNATPorts(root, ProcSys(host), 40000, 60999, log); err != nil {
+		if _, err := reserveSNATPorts(root, ProcSys(host), xdp.SNATPorts{{Min: 40000, Max: 60999}}, log); err != nil {
 			return fmt.Errorf("through %s: %w", host, err)
 		}
 		viaHost = read()

@@ -305,8 +305,8 @@ func (d *Dataplane) snatSlot(f Flow) (uint32, bool, error) {
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
 		return 0, false, fmt.Errorf("read datapath config: %w", err)
 	}
-	port := f.NAT.Port()
-	if port < cfg.SnatPortMin || port > cfg.SnatPortMax {
+	port, ports := f.NAT.Port(), xdp.SNATPortsOf(&cfg)
+	if !ports.Contains(port) {
 		return 0, false, nil
 	}
 	var hint uint32
@@ -317,7 +317,7 @@ func (d *Dataplane) snatSlot(f Flow) (uint32, bool, error) {
 	if !ok {
 		return 0, false, nil // no slot holds a reply tuple of this backend
 	}
-	return xdp.SNATSlot(bucket, port, cfg.SnatPortMin, cfg.SnatPortMax), true, nil
+	return xdp.SNATSlot(bucket, port, ports), true, nil
 }
 
 // reverseSlot reads the SNAT slot that is f's reverse half; ok is false

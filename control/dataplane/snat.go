@@ -157,6 +157,7 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 	keys := make([]xdp.NicNatKey, flowBatch)
 	entries := make([]xdp.NicNatEntry, flowBatch)
 	markedSlots := map[uint32]bool{} // slot index -> marked, as read
+	ports := xdp.SNATPortsOf(&cfg)
 	// slotMarked reports whether a spill's slot is marked; false also for a
 	// spill whose triple has no bucket (no slot to carry a mark).
 	slotMarked := func(k xdp.NicNatKey, port uint16) (bool, error) {
@@ -165,7 +166,7 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 		if !ok {
 			return false, nil
 		}
-		index := xdp.SNATSlot(bucket, port, cfg.SnatPortMin, cfg.SnatPortMax)
+		index := xdp.SNATSlot(bucket, port, ports)
 		if m, seen := markedSlots[index]; seen {
 			return m, nil
 		}
@@ -186,7 +187,7 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 		for i := range n {
 			k, e := keys[i], entries[i]
 			port := xdp.NetToPort(k.Dport)
-			if e.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) == 0 || port < cfg.SnatPortMin || port > cfg.SnatPortMax {
+			if e.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) == 0 || !ports.Contains(port) {
 				continue
 			}
 			slotOK, err := slotMarked(k, port)
@@ -271,6 +272,10 @@ func (d *Dataplane) spillEnded(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDa
 	return !answers || uint64(Now())-ct.LastSeenNs > ctTimeout(ct, k.Proto, cfg), nil
 }
 
+// UnconfirmedTCPTimeout is the idle timeout of an unconfirmed TCP flow
+// at most (CT_UNCONFIRMED_TCP_TIMEOUT_NS in include/conntrack.h).
+const UnconfirmedTCPTimeout = 5 * time.Second
+
 // unconfirmedHold is how long an unconfirmed flow evicted from its table
 // keeps its reply tuple (CT_UNCONFIRMED_HOLD_NS in include/nat.h).
 const unconfirmedHold = uint64(2 * time.Second)
@@ -312,7 +317,7 @@ func ctTimeout(ct xdp.NicCtEntry, proto uint8, cfg xdp.NicDatapathConfig) uint64
 		return cfg.UdpTimeoutNs
 	}
 	if ct.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0 {
-		return cfg.TcpTransientTimeoutNs
+		return min(cfg.TcpTransientTimeoutNs, uint64(UnconfirmedTCPTimeout))
 	}
 	if TCPEstablished(ct.TcpState) {
 		return cfg.TcpEstablishedTimeoutNs

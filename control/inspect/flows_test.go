@@ -21,10 +21,11 @@ func TestEndedFlowRow(t *testing.T) {
 		TCPState: established, External: true, Created: now - time.Minute, LastSeen: now - time.Second,
 	}
 	// A client's ACK without its backend's answer (spoofed) sets the bit,
-	// but the flow is not confirmed: it keeps the transient timeout.
+	// but the flow is not confirmed: it keeps an unconfirmed flow's
+	// timeout, at most dataplane.UnconfirmedTCPTimeout.
 	unconfirmed := base
 	unconfirmed.Unconfirmed = true
-	unconfirmed.LastSeen = now - 2*time.Minute
+	unconfirmed.LastSeen = now - 6*time.Second
 	ended := base
 	ended.Ended = true
 	ended.LastSeen = time.Duration(uint64(now) - uint64(1)<<62)
@@ -40,7 +41,7 @@ func TestEndedFlowRow(t *testing.T) {
 		staleness string
 	}{
 		{"live", base, "established", 1, ""},
-		{"unconfirmed", unconfirmed, "unconfirmed", 120, "expired (idle 120s, timeout 1m0s)"},
+		{"unconfirmed", unconfirmed, "unconfirmed", 6, "expired (idle 6s, timeout 5s)"},
 		{"ended", ended, "ended", 60, "ended by the agent (its backend left the service port)"},
 	}
 	for _, tc := range tests {

@@ -173,7 +173,7 @@ func GetStatus(pinRoot string, dp *dataplane.Dataplane) (Status, error) {
 	}
 	st.Datapath = Settings{
 		HashSeed:              cfg.HashSeed,
-		SNATPorts:             fmt.Sprintf("%d-%d", cfg.SnatPortMin, cfg.SnatPortMax),
+		SNATPorts:             xdp.SNATPortsOf(&cfg).String(),
 		TCPEstablishedTimeout: time.Duration(cfg.TcpEstablishedTimeoutNs).String(),
 		TCPTransientTimeout:   time.Duration(cfg.TcpTransientTimeoutNs).String(),
 		UDPTimeout:            time.Duration(cfg.UdpTimeoutNs).String(),

@@ -184,7 +184,9 @@ func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.Ni
 	timeout := time.Duration(cfg.UdpTimeoutNs)
 	if fl.Proto == dataplane.TCP {
 		timeout = time.Duration(cfg.TcpTransientTimeoutNs)
-		if dataplane.TCPEstablished(fl.TCPState) && !fl.Unconfirmed {
+		if fl.Unconfirmed {
+			timeout = min(timeout, dataplane.UnconfirmedTCPTimeout)
+		} else if dataplane.TCPEstablished(fl.TCPState) {
 			timeout = time.Duration(cfg.TcpEstablishedTimeoutNs)
 		}
 	}

@@ -393,7 +393,7 @@ func TestRenameKeepsSNATFlows(t *testing.T) {
 				FrontendAddr: key.Daddr, FrontendPort: key.Dport, BackendId: ct.BackendId, SvcId: fe.SvcID, Flags: flags},
 			Generation: 1,
 		}
-		if err := dp.Maps().SNATSlots.Put(xdp.SNATSlot(0, natPort, cfg.SnatPortMin, cfg.SnatPortMax), slot); err != nil {
+		if err := dp.Maps().SNATSlots.Put(xdp.SNATSlot(0, natPort, xdp.SNATPortsOf(&cfg)), slot); err != nil {
 			t.Fatal(err)
 		}
 	}

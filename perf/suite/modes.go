@@ -185,10 +185,9 @@ const (
 	// The kernel's conntrack holds at most this many entries here; xdplb
 	// gets the same room so "nearly full" means the same for both.
 	conntrackMax = 262144
-	// The agent's default SNAT range (21001 ports per backend). A wider
-	// one is possible, but the agent reserves the range from the node's
-	// ephemeral ports, and the node still needs some for itself.
-	snatPortRange = "40000-60999"
+	// The agent's default SNAT ports (54,512 per backend and node
+	// address: see docs/snat.md), named so the report says which.
+	snatPortRange = "1024-29999,40000-65535"
 )
 
 func (m *xdplbMode) name() string {

@@ -44,13 +44,22 @@ static __always_inline int ct_tcp_closed(const struct ct_entry *ct)
 	       (ct->tcp_state & (CT_TCP_FIN | CT_TCP_REPLY_FIN)) == (CT_TCP_FIN | CT_TCP_REPLY_FIN);
 }
 
-/* An unconfirmed TCP flow has the transient timeout, whatever its client
- * sent: only the backend's answer makes a flow established. */
+/* The idle timeout of an unconfirmed TCP flow, at most: a real client
+ * completes its handshake within a round trip, or retransmits its SYN
+ * (after 1, 2, 4 s...), so a SNAT port a spoofed SYN claims (below the SYN
+ * flood threshold) is held this long, not the transient timeout. */
+#define CT_UNCONFIRMED_TCP_TIMEOUT_NS (5 * NSEC_PER_SEC)
+
+/* An unconfirmed TCP flow has the transient timeout (at most
+ * CT_UNCONFIRMED_TCP_TIMEOUT_NS), whatever its client sent: only the
+ * handshake completed both ways makes a flow established. */
 static __always_inline __u64 ct_timeout(const struct ct_entry *ct, __u8 proto,
 					const struct datapath_config *cfg)
 {
 	if (proto == IPPROTO_TCP && (ct->flags & CT_F_UNCONFIRMED))
-		return cfg->tcp_transient_timeout_ns;
+		return cfg->tcp_transient_timeout_ns < CT_UNCONFIRMED_TCP_TIMEOUT_NS
+			       ? cfg->tcp_transient_timeout_ns
+			       : CT_UNCONFIRMED_TCP_TIMEOUT_NS;
 	if (proto == IPPROTO_TCP)
 		return ct_tcp_established(ct) ? cfg->tcp_established_timeout_ns
 					      : cfg->tcp_transient_timeout_ns;

@@ -316,9 +316,9 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 	if (origin == ORIGIN_EXTERNAL) {
 		snat = (fe->flags & FE_SNAT_REMOTE) && !(pick.backend.flags & BE_LOCAL);
 		if (snat) {
-			fresh->nat_addr = iface_addr(egress);
+			fresh->nat_addr = iface_snat_addr(egress, pkt->saddr, pkt->sport);
 			if (!fresh->nat_addr)
-				fresh->nat_addr = iface_addr(ifindex);
+				fresh->nat_addr = iface_snat_addr(ifindex, pkt->saddr, pkt->sport);
 		}
 	} else {
 		/* A pod reaching itself through its service: the source must
@@ -343,7 +343,7 @@ static __always_inline enum flow_verdict flow_start(void *ctx, __u32 ifindex, st
 		}
 	}
 
-	err = nat_claim(&res->key, fresh, tcp_opening(pkt) || (fresh->flags & CT_F_SYNPROXY), cfg,
+	err = nat_claim(ctx, &res->key, fresh, tcp_opening(pkt) || (fresh->flags & CT_F_SYNPROXY), cfg,
 			now);
 	if (err) {
 		if (err == -3 && tcp_mid_connection(pkt)) {
@@ -595,7 +595,8 @@ static __always_inline enum flow_verdict flow_classify(void *ctx, __u32 ifindex,
  * not be used after): FLOW_RESET for TCP mid-connection, FLOW_DROP
  * otherwise.
  */
-static __always_inline enum flow_verdict flow_touch(struct flow_result *res, struct ct_entry *ct,
+static __always_inline enum flow_verdict flow_touch(void *ctx, struct flow_result *res,
+						    struct ct_entry *ct,
 						    const struct packet *pkt,
 						    const struct datapath_config *cfg, __u64 now)
 {
@@ -615,7 +616,7 @@ static __always_inline enum flow_verdict flow_touch(struct flow_result *res, str
 	ct->hop.ifindex = 0;
 	if (ct->flags & CT_F_AFFINITY)
 		affinity_touch(ct->svc_id, key->saddr, now);
-	switch (nat_ensure(key, ct, cfg, now)) {
+	switch (nat_ensure(ctx, key, ct, cfg, now)) {
 	case NAT_OK:
 		break;
 	case NAT_REPAIRED:

@@ -24,7 +24,10 @@ struct datapath_config {
 	__u64 tcp_transient_timeout_ns;   /* idle timeout while opening or closing */
 	__u64 udp_timeout_ns;             /* idle timeout of a UDP flow */
 	__u32 hash_seed;                  /* flow hash seed, the same on every node */
-	__u16 snat_port_min;              /* SNAT source ports, host byte order, inclusive */
+	/* SNAT source ports, host byte order, inclusive: a first range, and
+	 * a second one (snat_port2_*, at the end); their ports are numbered
+	 * one after the other (see snat_port_offset in nat.h). */
+	__u16 snat_port_min;
 	__u16 snat_port_max;
 	/* Source address of hairpin flows (a pod reaching itself through a
 	 * service): replies to it come back through the pod's interface. */
@@ -47,6 +50,11 @@ struct datapath_config {
 	 * incomplete within a second. */
 	__u32 syn_cookies;
 	__u32 syn_flood_threshold;
+	/* The second range of SNAT ports: snat_port2_len ports from
+	 * snat_port2_min (0: none). */
+	__u16 snat_port2_min;
+	__u16 snat_port2_len;
+	__u32 pad;
 };
 
 enum syn_cookie_mode {
@@ -55,11 +63,18 @@ enum syn_cookie_mode {
 	SYN_COOKIES_ALWAYS = 2, /* every SYN to an external frontend with remote backends */
 };
 
+/* How many more SNAT source addresses an interface may have (the agent's
+ * --snat-extra-addresses); a power of two, for the index mask. */
+#define IFACE_EXTRA_ADDRS 8
+
 /* Per-interface facts: the address used as SNAT source for packets that
- * leave through this interface. */
+ * leave through this interface, and more of its addresses for that
+ * (extra_count of extra_addrs), each with SNAT ports of its own. */
 struct iface {
 	__be32 addr;
 	__u32 flags;
+	__be32 extra_addrs[IFACE_EXTRA_ADDRS];
+	__u32 extra_count;
 };
 
 /* ---- services ---------------------------------------------------------- */
@@ -368,6 +383,7 @@ enum stat {
 	STAT_DROP_FIN_OUT_OF_WINDOW, /* the same for a FIN */
 	STAT_RST_SYNPROXY_LOST,   /* a client's packet in a SYN-proxied flow that lost its offset: RST, the flow ends */
 	STAT_DROP_SYNPROXY_IN_TC, /* a SYN-proxied flow's packet XDP left to TC (IP options, a fragment) */
+	STAT_SNAT_HOST_SOCKET,    /* a SNAT port passed over: the host has a socket on its reply tuple */
 	STAT_MAX,
 };
 

@@ -164,16 +164,49 @@ static __always_inline int ct_same_reverse(const struct ct_entry *a, const struc
 
 /* ---- SNAT slots -------------------------------------------------------- */
 
+/* Is port (network byte order) one of the SNAT ports? One unsigned
+ * comparison a range. */
 static __always_inline int snat_port_in_range(const struct datapath_config *cfg, __be16 port)
 {
-	__u16 p = bpf_ntohs(port);
+	__u32 p = bpf_ntohs(port);
 
-	return p >= cfg->snat_port_min && p <= cfg->snat_port_max;
+	return p - cfg->snat_port_min <= (__u32)cfg->snat_port_max - cfg->snat_port_min ||
+	       p - cfg->snat_port2_min < cfg->snat_port2_len;
 }
 
-static __always_inline __u32 snat_range(const struct datapath_config *cfg)
+/* The first range's length. */
+static __always_inline __u32 snat_range1(const struct datapath_config *cfg)
 {
 	return (__u32)cfg->snat_port_max - cfg->snat_port_min + 1;
+}
+
+/* How many SNAT ports there are: the length of a bucket in snat_slots. */
+static __always_inline __u32 snat_range(const struct datapath_config *cfg)
+{
+	return snat_range1(cfg) + cfg->snat_port2_len;
+}
+
+/* The number of SNAT port p (host byte order, one of the SNAT ports):
+ * the first range's ports come first, the second's (above the first)
+ * after them. Without a branch, for the verifier (see snat_port_in_range):
+ * above is 1 for a port above the first range, whose number is smaller by
+ * the gap between the two ranges. */
+static __always_inline __u32 snat_port_offset(const struct datapath_config *cfg, __u32 p)
+{
+	__u32 above = ((__u32)cfg->snat_port_max - p) >> 31;
+	__u32 gap = (__u32)cfg->snat_port2_min - cfg->snat_port_max - 1;
+
+	return p - cfg->snat_port_min - above * gap;
+}
+
+/* SNAT port number offset (below snat_range), network byte order. */
+static __always_inline __be16 snat_port_at(const struct datapath_config *cfg, __u32 offset)
+{
+	__u32 first = snat_range1(cfg);
+
+	if (offset < first)
+		return bpf_htons((__u16)(cfg->snat_port_min + offset));
+	return bpf_htons((__u16)(cfg->snat_port2_min + (offset - first)));
 }
 
 /*
@@ -265,7 +298,7 @@ static __always_inline struct snat_slot *snat_slot_in(int bucket, const struct n
 
 	if (bucket < 0)
 		return NULL;
-	index = (__u32)bucket * snat_range(cfg) + (bpf_ntohs(key->dport) - cfg->snat_port_min);
+	index = (__u32)bucket * snat_range(cfg) + snat_port_offset(cfg, bpf_ntohs(key->dport));
 	return bpf_map_lookup_elem(&snat_slots, &index);
 }
 
@@ -565,6 +598,7 @@ enum snat_try {
 	SNAT_SLOT_LIVE,   /* the port's slot holds another backend's live flow */
 	SNAT_BUSY,        /* the port is in use for this backend, or locked */
 	SNAT_NO_ROOM,     /* the nat map refused the entry */
+	SNAT_HOST_SOCKET, /* the host has a socket on the reply tuple */
 };
 
 /* Which hand offered a port (see SNAT_BUCKET_ATTEMPTS). */
@@ -574,8 +608,49 @@ enum snat_way {
 	SNAT_AT_RANDOM,  /* any port: taken only if no flow of the backend holds it */
 };
 
+/* The socket tuple snat_host_socket looks up, per CPU: the stack of a
+ * claim's bpf_loop callback has no room for it under TC's frame. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bpf_sock_tuple);
+} snat_sock_tuple SEC(".maps");
+
+/*
+ * Does the host have a socket that a reply on tuple key would reach: a
+ * connection on that very tuple, or one listening on (or bound to) the
+ * port? A SNAT flow never takes such a port, so that no connection of the
+ * node's own, in either direction, shares a 4-tuple with a translated
+ * flow. (Ports the host could autobind later are kept out of its reach by
+ * ip_local_reserved_ports: see docs/snat.md.) pkt_ctx is the program's
+ * context, which names the network namespace to look in.
+ */
+static __always_inline int snat_host_socket(void *pkt_ctx, const struct nat_key *key)
+{
+	struct bpf_sock_tuple *tuple;
+	struct bpf_sock *sk;
+	__u32 zero = 0;
+
+	tuple = bpf_map_lookup_elem(&snat_sock_tuple, &zero);
+	if (!tuple)
+		return 0;
+	tuple->ipv4.saddr = key->saddr;
+	tuple->ipv4.daddr = key->daddr;
+	tuple->ipv4.sport = key->sport;
+	tuple->ipv4.dport = key->dport;
+	if (key->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(pkt_ctx, tuple, sizeof(tuple->ipv4), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(pkt_ctx, tuple, sizeof(tuple->ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
 /* snat_try_port's work, with the slot locked. */
-static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
+static __always_inline enum snat_try snat_try_locked(void *pkt_ctx, struct snat_slot *slot,
 						     const struct nat_key *key,
 						     const struct nat_entry *entry,
 						     const struct datapath_config *cfg, __u64 now,
@@ -608,6 +683,10 @@ static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
 	found = snat_slot_may_spill(slot, cfg) ? bpf_map_lookup_elem(&nat, key) : NULL;
 	if (found && (way == SNAT_AT_RANDOM || !snat_holder_gone(key, found, cfg, now)))
 		return SNAT_BUSY;
+	/* Free for the datapath: is it for the host's sockets too? Asked
+	 * last, of the one port about to be taken. */
+	if (snat_host_socket(pkt_ctx, key))
+		return SNAT_HOST_SOCKET;
 	if (in_slot) {
 		if (found)
 			bpf_map_delete_elem(&nat, key);
@@ -629,7 +708,8 @@ static __always_inline enum snat_try snat_try_locked(struct snat_slot *slot,
  * the nat map, where the port may still be free for this backend. Under
  * the slot's lock, so a reply tuple is never held twice.
  */
-static __always_inline enum snat_try snat_try_port(int bucket, const struct nat_key *key,
+static __always_inline enum snat_try snat_try_port(void *pkt_ctx, int bucket,
+						   const struct nat_key *key,
 						   const struct nat_entry *entry,
 						   const struct datapath_config *cfg, __u64 now,
 						   enum snat_way way)
@@ -640,13 +720,14 @@ static __always_inline enum snat_try snat_try_port(int bucket, const struct nat_
 
 	if (!slot || !snat_slot_lock(slot, &generation))
 		return SNAT_BUSY;
-	tried = snat_try_locked(slot, key, entry, cfg, now, way);
+	tried = snat_try_locked(pkt_ctx, slot, key, entry, cfg, now, way);
 	snat_slot_unlock(slot, generation);
 	return tried;
 }
 
 /* State of a SNAT port claim (a bpf_loop callback's). */
 struct snat_claim {
+	void *pkt_ctx;                  /* the program's context (snat_host_socket) */
 	const struct datapath_config *cfg;
 	__u64 now;
 	struct nat_key *key;            /* its dport is the port tried */
@@ -671,6 +752,9 @@ static __always_inline long snat_claim_done(struct snat_claim *c, enum snat_try 
 	case SNAT_NO_ROOM:
 		c->result = -2;
 		return 1;
+	case SNAT_HOST_SOCKET:
+		count(STAT_SNAT_HOST_SOCKET, 0);
+		return 0;
 	default:
 		return 0;
 	}
@@ -699,8 +783,8 @@ static long snat_claim_try(__u32 i, void *ctx)
 			return 0;
 		}
 		offset = __sync_fetch_and_add(&bucket->next, 1) % c->range;
-		c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
-		tried = snat_try_port(c->bucket, c->key, c->entry, c->cfg, c->now, SNAT_BY_BUCKET);
+		c->key->dport = snat_port_at(c->cfg, offset);
+		tried = snat_try_port(c->pkt_ctx, c->bucket, c->key, c->entry, c->cfg, c->now, SNAT_BY_BUCKET);
 		/* The bucket is busy when its hand comes round to other
 		 * backends' live flows: they share it. The backend's own live
 		 * flows (long-lived ones) are passed over, and so is a port
@@ -723,8 +807,8 @@ static long snat_claim_try(__u32 i, void *ctx)
 		offset = hash_3words(c->random, i, 0, 0) % c->range;
 		way = SNAT_AT_RANDOM;
 	}
-	c->key->dport = bpf_htons((__u16)(c->cfg->snat_port_min + offset));
-	return snat_claim_done(c, snat_try_port(c->bucket, c->key, c->entry, c->cfg, c->now, way));
+	c->key->dport = snat_port_at(c->cfg, offset);
+	return snat_claim_done(c, snat_try_port(c->pkt_ctx, c->bucket, c->key, c->entry, c->cfg, c->now, way));
 }
 
 /*
@@ -732,11 +816,12 @@ static long snat_claim_try(__u32 i, void *ctx)
  * one try, not all of them). 0 on success, -1 when no port was free, -2
  * when there was no room.
  */
-static __always_inline int snat_claim(const struct ct_key *flow, struct ct_entry *ct,
+static __always_inline int snat_claim(void *pkt_ctx, const struct ct_key *flow, struct ct_entry *ct,
 				      const struct datapath_config *cfg, __u64 now,
 				      struct nat_key *key, const struct nat_entry *entry)
 {
 	struct snat_claim c = {
+		.pkt_ctx = pkt_ctx,
 		.cfg = cfg,
 		.now = now,
 		.key = key,
@@ -837,7 +922,8 @@ static __always_inline int dnat_put(const struct ct_key *flow, const struct nat_
  * room, -3 when another live flow holds the reply tuple (no SNAT).
  * opening: the flow's packet is a SYN (see dnat_put).
  */
-static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry *ct, int opening,
+static __always_inline int nat_claim(void *pkt_ctx, const struct ct_key *flow, struct ct_entry *ct,
+				     int opening,
 				     const struct datapath_config *cfg, __u64 now)
 {
 	struct nat_key key;
@@ -849,7 +935,7 @@ static __always_inline int nat_claim(const struct ct_key *flow, struct ct_entry 
 		return dnat_put(flow, &key, &entry, opening, cfg, now);
 	if (cfg->snat_port_max < cfg->snat_port_min)
 		return -1;
-	return snat_claim(flow, ct, cfg, now, &key, &entry);
+	return snat_claim(pkt_ctx, flow, ct, cfg, now, &key, &entry);
 }
 
 /* Forget the reverse half of a forward entry, if it is still ours. */
@@ -1037,7 +1123,8 @@ static __always_inline enum nat_check dnat_ensure(const struct ct_key *flow,
 
 /* Make sure a live forward entry still has its reverse half (dating it:
  * nat_keep_dated). */
-static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, struct ct_entry *ct,
+static __always_inline enum nat_check nat_ensure(void *pkt_ctx, const struct ct_key *flow,
+						 struct ct_entry *ct,
 						 const struct datapath_config *cfg, __u64 now)
 {
 	struct nat_entry entry;
@@ -1056,7 +1143,7 @@ static __always_inline enum nat_check nat_ensure(const struct ct_key *flow, stru
 						   : NAT_PORT_MOVED;
 	if (check != NAT_PORT_MOVED)
 		return check;
-	return nat_claim(flow, ct, 0, cfg, now) == 0 ? NAT_PORT_MOVED : NAT_FAILED;
+	return nat_claim(pkt_ctx, flow, ct, 0, cfg, now) == 0 ? NAT_PORT_MOVED : NAT_FAILED;
 }
 
 /*

@@ -8,6 +8,7 @@
 
 #include "maps.h"
 #include "parse.h"
+#include "hash.h"
 
 /* Packets up to this size are not checked against the egress device's MTU
  * on the cached-hop paths: no link a node forwards IPv4 over is smaller. */
@@ -214,11 +215,23 @@ static __noinline __u32 route_new_flow(void *ctx, const struct packet *pkt, __u3
 	return fresh->hop.ifindex;
 }
 
-static __always_inline __be32 iface_addr(__u32 ifindex)
+/* The SNAT source address of a flow leaving through interface ifindex
+ * (0: none): its address, or one of its extra ones, picked by the
+ * client's address and port, so that the flows spread evenly over them
+ * and each adds a range of SNAT ports. */
+static __always_inline __be32 iface_snat_addr(__u32 ifindex, __be32 client_addr, __be16 client_port)
 {
 	struct iface *dev = bpf_map_lookup_elem(&ifaces, &ifindex);
+	__u32 pick;
 
-	return dev ? dev->addr : 0;
+	if (!dev)
+		return 0;
+	if (!dev->extra_count || !dev->addr)
+		return dev->addr;
+	pick = hash_3words(client_addr, client_port, 0, 0) % (dev->extra_count + 1);
+	if (!pick)
+		return dev->addr;
+	return dev->extra_addrs[(pick - 1) & (IFACE_EXTRA_ADDRS - 1)];
 }
 
 #endif /* XDPLB_ROUTE_H */

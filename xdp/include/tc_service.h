@@ -91,7 +91,7 @@ static __always_inline int tc_serve(struct __sk_buff *skb, struct packet *pkt, e
 	case FLOW_TRACKED:
 		if (!ct)
 			break;
-		switch (flow_touch(res, ct, pkt, cfg, now)) {
+		switch (flow_touch(skb, res, ct, pkt, cfg, now)) {
 		case FLOW_TRACKED:
 			break;
 		case FLOW_RESET:
