@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"log/slog"
 	"math/rand/v2"
+	"net/netip"
 	"runtime"
 	"slices"
 	"strconv"
@@ -124,6 +125,35 @@ func TestReplacedMapSaysWhyItStartsEmpty(t *testing.T) {
 				t.Errorf("%d entries copied, want %d", repl.copied, c.copied)
 			}
 		})
+	}
+}
+
+// The interfaces' SNAT addresses pinned by a version whose struct iface
+// had no extra addresses carry over into the larger values: the new
+// programs run before the NICs are registered again.
+func TestInterfacesOfAnOlderLayoutAreCopied(t *testing.T) {
+	dir := testenv.BPFFS(t)
+	older := &ebpf.MapSpec{Name: "ifaces", Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: 64,
+		Pinning: ebpf.PinByName}
+	old, err := ebpf.NewMapWithOptions(older, ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	addr := xdp.AddrToNet(netip.MustParseAddr("192.0.2.1"))
+	if err := old.Put(uint32(7), [2]uint32{addr, 0}); err != nil {
+		t.Fatal(err)
+	}
+	spec := &ebpf.MapSpec{Name: "ifaces", Type: ebpf.Hash, KeySize: 4,
+		ValueSize: uint32(binary.Size(xdp.NicIface{})), MaxEntries: 64}
+	repl, err := fillReplacement("ifaces", spec, old, migrations(DefaultOptions(), nil)["ifaces"], slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer repl.m.Close()
+	var got xdp.NicIface
+	if err := repl.m.Lookup(uint32(7), &got); err != nil || got.Addr != addr || got.ExtraCount != 0 || repl.copied != 1 {
+		t.Errorf("interface 7 after the copy: %+v (%v), %d copied; want address %#x and no extra ones", got, err, repl.copied, addr)
 	}
 }
 

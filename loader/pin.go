@@ -71,7 +71,34 @@ func migrations(opts Options, hints *ebpf.Map) map[string]migration {
 		"source_ranges":      copyEntries[xdp.NicSourceRangeKey, uint8],
 		"snat_backend_hands": copyEntries[uint32, uint32],
 		"svc_names":          copyEntries[uint32, xdp.NicSvcName],
+		// The SNAT source address of each NIC: the new programs run
+		// before the NICs are registered again (valuesGrow).
+		"ifaces": copyGrownValues,
 	}
+}
+
+// valuesGrow are the maps whose value struct only ever gains fields at its
+// end: an older version's entries are copied into the start of the new
+// values (copyGrownValues), the fields it did not have left zero.
+var valuesGrow = map[string]bool{"ifaces": true}
+
+// copyGrownValues copies every entry of from into to, each value's bytes
+// into the start of a zeroed value of to's (possibly larger) size.
+func copyGrownValues(from, to *ebpf.Map) (copied, skipped int, err error) {
+	key := make([]byte, from.KeySize())
+	value := make([]byte, from.ValueSize())
+	grown := make([]byte, to.ValueSize())
+	iter := from.Iterate()
+	for iter.Next(&key, &value) {
+		clear(grown)
+		copy(grown, value)
+		if err := to.Put(key, grown); err != nil {
+			skipped++
+			continue
+		}
+		copied++
+	}
+	return copied, skipped, iter.Err()
 }
 
 // natLastSeen dates a reverse half for copyRecentFirst.
@@ -249,13 +276,14 @@ const snatBucketHints = "snat_bucket_hints"
 // tell, not the pinned configuration: a load writes the new range there
 // before its commit, and an agent killed in between leaves the slots as
 // they were. A layout change misplaces nearly every slot, so a few
-// suffice (an empty map of a million slots is read in ~0.1 s).
+// suffice, one of them past the first bucket (an empty map of a million
+// slots is read in ~0.1 s).
 // Unreadable slots count as placed.
 func misplacedSNATSlot(slots *ebpf.Map, opts Options) error {
 	const enough = 64
 	width := opts.SNATPorts.Len()
 	var misplaced error
-	seen := 0
+	seen, beyondFirst := 0, false
 	err := readEntriesWhile(slots, func(index *uint32, slot *xdp.NicSnatSlot) bool {
 		if slot.Key.Proto == 0 {
 			return true
@@ -267,7 +295,10 @@ func misplacedSNATSlot(slots *ebpf.Map, opts Options) error {
 			return false
 		}
 		seen++
-		return seen < enough
+		// A bucket past the first tells a changed width (a second
+		// range added) that the first bucket's slots do not.
+		beyondFirst = beyondFirst || *index >= width
+		return seen < enough || !beyondFirst
 	})
 	if err != nil {
 		return nil
@@ -358,6 +389,12 @@ func fillReplacement(name string, ms *ebpf.MapSpec, old *ebpf.Map, migrate migra
 	case old.KeySize() != spec.KeySize:
 		log.Warn("resized map starts empty: its key layout changed, so its entries cannot be copied", "map", name,
 			"reason", fmt.Sprintf("key size changed from %d to %d bytes", old.KeySize(), spec.KeySize))
+	case old.ValueSize() < spec.ValueSize && valuesGrow[name]:
+		var err error
+		r.copied, r.skipped, err = migrate(old, fresh)
+		if err != nil {
+			log.Warn("copy into a map with larger values ended early", "map", name, "error", err)
+		}
 	case old.ValueSize() != spec.ValueSize:
 		log.Warn("resized map starts empty: its value layout changed, so its entries cannot be copied", "map", name,
 			"reason", fmt.Sprintf("value size changed from %d to %d bytes", old.ValueSize(), spec.ValueSize))

@@ -411,7 +411,7 @@ int xdplb_nic(struct xdp_md *ctx)
 		struct nat_key key;
 
 		nat_key_set(&key, pkt.saddr, pkt.daddr, pkt.sport, pkt.dport, pkt.proto);
-		rev = reverse_lookup(&key, 0);
+		rev = snat_reply_lookup(&key, cfg);
 		if (rev)
 			return serve_reply(ctx, &pkt, &key, rev);
 	}

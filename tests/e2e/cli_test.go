@@ -146,7 +146,7 @@ var (
 	reSyncs     = regexp.MustCompile(`\b\d+ syncs?\b`)
 	reAgeIdle   = regexp.MustCompile(`\b(age|idle) \d+s\b`)
 	reCtAge     = regexp.MustCompile(`(?m)^((?:tcp|udp) .*\s)\d+s(\s+)\d+s(\s)`)
-	reSNAT      = regexp.MustCompile(`198\.51\.100\.1:(?:4\d{4}|5\d{4}|60\d{3})\b`)
+	reSNAT      = regexp.MustCompile(`198\.51\.100\.1:(?:[1-9]\d{3}|[12]\d{4}|[4-6]\d{4})\b`)
 	reProgID    = regexp.MustCompile(`(?m)^(\S+\s+(?:xdp|tc-ingress|tc-egress|tc-pod|tc-podreply|cgroup)\s+\S+\s+\S+\s+)\d+`)
 	reJSONNum   = regexp.MustCompile(`"(agentPid|programId|linkId|syncs|ageSeconds|idleSeconds)": \d+`)
 	reCounters  = regexp.MustCompile(`(?s)\n\nCOUNTER +PACKETS +BYTES\n.*$`)

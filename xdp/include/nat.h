@@ -548,6 +548,27 @@ static __always_inline struct nat_entry *reverse_lookup(const struct nat_key *ke
 	return bpf_map_lookup_elem(&nat_unconfirmed, key);
 }
 
+/*
+ * The reverse half of a reply to a SNAT port (key->dport one of them), as
+ * XDP looks for it: in the port's slot, or in the nat map only where the
+ * slot says a spill may be there. Other traffic to ports in the SNAT range
+ * (a host service, an overlay tunnel's UDP port) then costs a slot lookup,
+ * not a hash lookup too; the TC program behind XDP looks everywhere.
+ */
+static __always_inline struct nat_entry *snat_reply_lookup(const struct nat_key *key,
+							   const struct datapath_config *cfg)
+{
+	struct snat_slot *slot = snat_slot_of(key, cfg);
+
+	if (!slot)
+		return NULL;
+	if (snat_slot_holds(slot, key))
+		return &slot->rev;
+	if (!snat_slot_may_spill(slot, cfg))
+		return NULL;
+	return bpf_map_lookup_elem(&nat, key);
+}
+
 /* The reverse half of a SNAT flow's forward entry, if it is still that
  * flow's; NULL otherwise. */
 static __always_inline struct nat_entry *reverse_of_flow(const struct ct_key *flow,
