@@ -137,3 +137,40 @@ func (d *Dataplane) MemoryUsage() (uint64, error) {
 	}
 	return total, nil
 }
+
+// QuarantinedSNATPorts counts the SNAT ports of closed TCP flows (reset,
+// or a FIN each way) still within their timeout: the datapath gives such
+// a port to no new flow until then, as TIME_WAIT keeps a socket's, so a
+// late segment of the old connection meets no new one.
+func (d *Dataplane) QuarantinedSNATPorts() (int, error) {
+	var cfg xdp.NicDatapathConfig
+	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
+		return 0, fmt.Errorf("read datapath config: %w", err)
+	}
+	now := uint64(Now())
+	total := 0
+	for _, table := range []*ebpf.Map{d.m.Conntrack, d.m.CtUnconfirmed} {
+		if table == nil {
+			continue
+		}
+		keys, values := make([]xdp.NicCtKey, flowBatch), make([]xdp.NicCtEntry, flowBatch)
+		var cursor ebpf.MapBatchCursor
+		for {
+			n, err := table.BatchLookup(&cursor, keys, values, nil)
+			for i := range n {
+				k, e := keys[i], values[i]
+				if k.Proto == TCP && e.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) != 0 && TCPClosed(e.TcpState) &&
+					now-e.LastSeenNs <= ctTimeout(e, k.Proto, cfg) {
+					total++
+				}
+			}
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			}
+			if err != nil {
+				return total, fmt.Errorf("read flows: %w", err)
+			}
+		}
+	}
+	return total, nil
+}

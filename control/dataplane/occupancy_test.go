@@ -3,6 +3,9 @@ package dataplane_test
 import (
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/xdplb/xdplb/control/dataplane"
 	"github.com/xdplb/xdplb/loader"
@@ -117,5 +120,41 @@ func TestMapMemoryCountsInnerTables(t *testing.T) {
 	if got := one[dataplane.InnerTablesMemory]; got < slots*4 || got >= two[dataplane.InnerTablesMemory] {
 		t.Errorf("one table left: %d bytes, want at least %d and less than two tables' %d",
 			got, slots*4, two[dataplane.InnerTablesMemory])
+	}
+}
+
+// Closed SNAT flows within their timeout hold their ports in quarantine;
+// open, unSNATed, UDP and expired flows do not count.
+func TestQuarantinedSNATPortsAreClosedFlowsWithinTheirTimeout(t *testing.T) {
+	dp, d := loadSmall(t, nil)
+	now := uint64(dataplane.Now())
+	rst := uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED | xdp.NicCtTcpStateCT_TCP_RST)
+	fins := uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED | xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN)
+	halfClosed := uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED | xdp.NicCtTcpStateCT_TCP_FIN)
+	snat := uint8(xdp.NicCtFlagsCT_F_SNAT)
+	unconfirmed := snat | uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED)
+	for i, f := range []struct {
+		table *ebpf.Map
+		proto uint8
+		flags uint8
+		state uint8
+		idle  time.Duration
+		count bool
+	}{
+		{dp.Maps.Conntrack, 6, snat, rst, time.Second, true},
+		{dp.Maps.Conntrack, 6, snat, fins, 30 * time.Second, true},
+		{dp.Maps.CtUnconfirmed, 6, unconfirmed, rst, time.Second, true},
+		{dp.Maps.Conntrack, 6, snat, fins, 2 * time.Minute, false},   // past the transient timeout
+		{dp.Maps.Conntrack, 6, snat, halfClosed, time.Second, false}, // still open one way
+		{dp.Maps.Conntrack, 6, 0, rst, time.Second, false},           // no SNAT port
+		{dp.Maps.Conntrack, 17, snat, 0, time.Second, false},         // UDP
+	} {
+		entry := xdp.NicCtEntry{Flags: f.flags, TcpState: f.state, LastSeenNs: now - uint64(f.idle)}
+		if err := f.table.Put(xdp.NicCtKey{Saddr: uint32(i + 1), Proto: f.proto}, entry); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := d.QuarantinedSNATPorts(); err != nil || n != 3 {
+		t.Errorf("%d SNAT ports in quarantine (%v), want 3", n, err)
 	}
 }

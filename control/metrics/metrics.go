@@ -108,9 +108,11 @@ type datapathCollector struct {
 	svcNewFlows      *prometheus.Desc
 	entries, maxSize *prometheus.Desc
 	memory           *prometheus.Desc
+	quarantined      *prometheus.Desc
 
-	occupancyCache *cached[map[string]int]
-	memoryCache    *cached[map[string]uint64]
+	occupancyCache   *cached[map[string]int]
+	memoryCache      *cached[map[string]uint64]
+	quarantinedCache *cached[int]
 }
 
 // Map occupancy needs a walk over the maps, and the inner Maglev tables'
@@ -156,8 +158,9 @@ func newDatapathCollector(dp *dataplane.Dataplane, log *slog.Logger) *datapathCo
 	}
 	return &datapathCollector{
 		dp: dp, log: log, names: names,
-		occupancyCache: &cached[map[string]int]{ttl: occupancyTTL, what: "map occupancy"},
-		memoryCache:    &cached[map[string]uint64]{ttl: memoryTTL, what: "map memory"},
+		occupancyCache:   &cached[map[string]int]{ttl: occupancyTTL, what: "map occupancy"},
+		memoryCache:      &cached[map[string]uint64]{ttl: memoryTTL, what: "map memory"},
+		quarantinedCache: &cached[int]{ttl: occupancyTTL, what: "SNAT ports in quarantine"},
 		packets: prometheus.NewDesc("xdplb_datapath_packets_total",
 			"Packets by the datapath's verdict or event (see README: counters).", []string{"reason"}, nil),
 		bytes: prometheus.NewDesc("xdplb_datapath_bytes_total",
@@ -175,11 +178,13 @@ func newDatapathCollector(dp *dataplane.Dataplane, log *slog.Logger) *datapathCo
 		memory: prometheus.NewDesc("xdplb_map_memory_bytes",
 			"Kernel memory a datapath map takes (charged to the agent's memory cgroup); "+
 				dataplane.InnerTablesMemory+": the inner Maglev tables together.", []string{"map"}, nil),
+		quarantined: prometheus.NewDesc("xdplb_snat_ports_quarantined",
+			"SNAT ports of closed TCP flows (RST, or FIN both ways) within their timeout: no new flow takes them until then.", nil, nil),
 	}
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.svcPackets, c.svcBytes, c.svcNewFlows, c.entries, c.maxSize, c.memory} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.svcPackets, c.svcBytes, c.svcNewFlows, c.entries, c.maxSize, c.memory, c.quarantined} {
 		ch <- d
 	}
 }
@@ -216,4 +221,6 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, n := range c.memoryCache.get(c.dp.MapMemory, c.log) {
 		ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(n), name)
 	}
+	ch <- prometheus.MustNewConstMetric(c.quarantined, prometheus.GaugeValue,
+		float64(c.quarantinedCache.get(c.dp.QuarantinedSNATPorts, c.log)))
 }

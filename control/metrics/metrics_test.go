@@ -60,6 +60,7 @@ func TestScrapeReadsTheDatapath(t *testing.T) {
 		`xdplb_map_max_entries{map="conntrack"} 1024`,
 		`xdplb_map_memory_bytes{map="maglev_inner_tables"} 0`,
 		`xdplb_sync_duration_seconds_count 1`,
+		`xdplb_snat_ports_quarantined 0`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
