@@ -33,6 +33,7 @@ type scenario struct {
 	id, title string
 	traffic   trafficKind
 	target    targetKind
+	proto     uint8         // of its frames; 0: the run's (TCP, or UDP with pktgen)
 	flows     uint32        // established and reply: distinct flows
 	prefill   float64       // fill conntrack to this fraction of conntrackMax first
 	count     uint64        // frames per repetition (upper bound)
@@ -73,6 +74,10 @@ func scenarios(quick bool) []scenario {
 			target: targetRemote, flows: 64, count: 50_000_000, duration: est},
 		{id: "new-remote", title: "new flows, remote backends (SNAT)", traffic: trafficNew,
 			target: targetRemote, count: newCount, duration: newDur},
+		{id: "new-udp", title: "new UDP flows, remote backends (SNAT)", traffic: trafficNew,
+			target: targetRemote, proto: traffic.UDP, count: newCount, duration: newDur},
+		{id: "new-one", title: "new flows, one remote backend (SNAT)", traffic: trafficNew,
+			target: targetOne, count: 50000, duration: newDur},
 		{id: "new-local", title: "new flows, local backend", traffic: trafficNew,
 			target: targetLocal, count: newCount, duration: newDur},
 		{id: "ct-full", title: "new flows, conntrack 90% full", traffic: trafficNew,
@@ -172,10 +177,15 @@ func establishedSpec(e *env, sc scenario, set ServiceSet) traffic.Spec {
 	return s
 }
 
-// newFlowSpec: every frame a new flow (TCP SYN).
+// newFlowSpec: every frame a new flow (a TCP SYN, or a UDP datagram).
 func newFlowSpec(e *env, sc scenario, set ServiceSet, src netip.Addr, addrs uint32) traffic.Spec {
 	s := e.baseSpec()
-	s.TCPFlags = packet.SYN
+	if sc.proto != 0 {
+		s.Proto = sc.proto
+	}
+	if s.Proto == traffic.TCP {
+		s.TCPFlags = packet.SYN
+	}
 	s.Src, s.SrcAddrs = src, addrs
 	s.Dst, s.DstAddrs, s.DstStride = destination(sc, set)
 	return s

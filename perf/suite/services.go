@@ -19,8 +19,9 @@ import (
 // The Services of a run. Every datapath gets the same ones: xdplb from a
 // services file, kube-proxy through the API server.
 //
-//   - perf-svc-NNNNNN: Count Services with externalIP 172.16.0.1 + i, port
-//     80/TCP to 8080, traffic policy Cluster (SNAT to remote backends).
+//   - perf-svc-NNNNNN: Count Services with externalIP 172.16.0.1 + i, ports
+//     80/TCP and 80/UDP to 8080, traffic policy Cluster (SNAT to remote
+//     backends).
 //     Targets of them, evenly spaced, carry the traffic and have Backends
 //     endpoints on node2 (10.244.2.10 on); the rest have one.
 //   - perf-local: externalIP 172.31.0.1, policy Local, one endpoint on the
@@ -119,22 +120,26 @@ func serviceObjects(name string, clusterIP, extIP netip.Addr, local bool, eps []
 			ClusterIP:   clusterIP.String(),
 			ClusterIPs:  []string{clusterIP.String()},
 			ExternalIPs: []string{extIP.String()},
-			Ports: []corev1.ServicePort{{
-				Name: "http", Protocol: corev1.ProtocolTCP, Port: servicePort, TargetPort: intstr.FromInt32(backendPort),
-			}},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Protocol: corev1.ProtocolTCP, Port: servicePort, TargetPort: intstr.FromInt32(backendPort)},
+				{Name: "udp", Protocol: corev1.ProtocolUDP, Port: servicePort, TargetPort: intstr.FromInt32(backendPort)},
+			},
 		},
 	}
 	if local {
 		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	}
-	portName, proto, port := "http", corev1.ProtocolTCP, backendPort
+	tcpName, tcp, udpName, udp, port := "http", corev1.ProtocolTCP, "udp", corev1.ProtocolUDP, backendPort
 	yes := true
 	slice := &discoveryv1.EndpointSlice{
 		TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
 		ObjectMeta: metav1.ObjectMeta{Name: name + "-perf", Namespace: defaultNS,
 			Labels: map[string]string{discoveryv1.LabelServiceName: name}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Protocol: &proto, Port: &port}},
+		Ports: []discoveryv1.EndpointPort{
+			{Name: &tcpName, Protocol: &tcp, Port: &port},
+			{Name: &udpName, Protocol: &udp, Port: &port},
+		},
 	}
 	for _, ep := range eps {
 		nodeName := node
