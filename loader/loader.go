@@ -353,6 +353,7 @@ func (d *Datapath) writeConfig() error {
 		SnatPortMax:             d.opts.SNATPorts[0].Max,
 		SnatPort2Min:            d.opts.SNATPorts[1].Min,
 		SnatPort2Len:            uint16(d.opts.SNATPorts[1].Len()),
+		SnatSocketCheckBelow:    d.opts.SNATSocketCheckBelow,
 		HairpinAddr:             xdp.AddrToNet(d.opts.HairpinAddr),
 		SnatBuckets:             d.opts.SNATBuckets(),
 		NetnsCookie:             netnsCookie(),

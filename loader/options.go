@@ -43,6 +43,10 @@ type Options struct {
 	// SNATPorts are the source ports of SNAT flows, per backend address
 	// and port and node address (see docs/snat.md).
 	SNATPorts xdp.SNATPorts
+	// SNATSocketCheckBelow: a SNAT flow takes a port below this only if
+	// the host has no socket a reply would reach (see docs/snat.md); the
+	// agent sets the start of the host's ip_local_port_range.
+	SNATSocketCheckBelow uint16
 	// SNATExtraAddrs are more SNAT source addresses (invalid ones unused):
 	// an attached interface that has some of them besides its first
 	// address spreads its SNAT flows over them all, each address with
@@ -205,6 +209,7 @@ func DefaultOptions() Options {
 		UDPTimeout:            60 * time.Second,
 		HashSeed:              0x5eed1b,
 		SNATPorts:             DefaultSNATPorts,
+		SNATSocketCheckBelow:  32768, // Linux's default ip_local_port_range starts there
 		HairpinAddr:           netip.MustParseAddr("169.254.42.1"),
 		ICMPRate:              1000,
 		SYNCookies:            SYNCookiesAuto,

@@ -145,7 +145,8 @@ type NicDatapathConfig struct {
 	SynFloodThreshold       uint32
 	SnatPort2Min            uint16
 	SnatPort2Len            uint16
-	Pad                     uint32
+	SnatSocketCheckBelow    uint16
+	Pad                     uint16
 }
 
 type NicFlowScratchBuf struct {

@@ -48,37 +48,36 @@ func TestSNATPortsOfTwoRanges(t *testing.T) {
 	}
 }
 
-// A SNAT flow never takes a port the host has a socket on that its
-// replies would reach: a listener on the port, or a connection on the
-// reply tuple itself. The bucket's hand offers the first port first, so
-// without the rule the flow would take it.
+// A SNAT flow never takes a port below the host's ephemeral ports (where
+// its servers listen) that the host has a socket on that its replies
+// would reach: a listener on the port, or a connection on the reply tuple
+// itself. The bucket's hand offers the first port first, so without the
+// rule the flow would take it. Above, ip_local_reserved_ports keeps the
+// host's own connections out, and no lookup is paid.
 func TestSNATPassesOverPortsOfHostSockets(t *testing.T) {
+	const low = 20000 // below 32768, where the check applies
 	udpService := oneRemoteBackend()
 	udpService.frontends = []dataplane.FrontendKey{{Addr: nodeAddr, Port: 30100, Proto: packet.UDP}}
+	tcpSYN := tcpFrame(clientAddr, 7000, nodeAddr, 30100, packet.SYN, "")
+	udpFirst := udpFrame(clientAddr, 7000, nodeAddr, 30100, "q")
 	for _, tc := range []struct {
 		name     string
+		first    uint16 // the SNAT range: first and first+1
 		svc      service
 		in       packet.Frame
 		socket   func(t *testing.T) (close func()) // opened in the node's namespace
 		wantPort uint16
 	}{
-		{"no socket", oneRemoteBackend(), tcpFrame(clientAddr, 7000, nodeAddr, 30100, packet.SYN, ""),
-			nil, snatMin},
-		{"a TCP listener on the first port", oneRemoteBackend(), tcpFrame(clientAddr, 7000, nodeAddr, 30100, packet.SYN, ""),
-			func(t *testing.T) func() {
-				l, err := net.Listen("tcp4", netip.AddrPortFrom(netip.IPv4Unspecified(), snatMin).String())
-				if err != nil {
-					t.Fatal(err)
-				}
-				return func() { l.Close() }
-			}, snatMin + 1},
-		{"a UDP socket connected on the reply tuple", udpService, udpFrame(clientAddr, 7000, nodeAddr, 30100, "q"),
-			connectedUDP(netip.AddrPortFrom(nic1Addr, snatMin), netip.AddrPortFrom(remotePod1, podPort)), snatMin + 1},
-		{"a UDP socket connected elsewhere", udpService, udpFrame(clientAddr, 7000, nodeAddr, 30100, "q"),
-			connectedUDP(netip.AddrPortFrom(nic1Addr, snatMin), netip.AddrPortFrom(remotePod2, podPort)), snatMin},
+		{"no socket", low, oneRemoteBackend(), tcpSYN, nil, low},
+		{"a TCP listener on the first port", low, oneRemoteBackend(), tcpSYN, listenerOn(low), low + 1},
+		{"a UDP socket connected on the reply tuple", low, udpService, udpFirst,
+			connectedUDP(netip.AddrPortFrom(nic1Addr, low), netip.AddrPortFrom(remotePod1, podPort)), low + 1},
+		{"a UDP socket connected elsewhere", low, udpService, udpFirst,
+			connectedUDP(netip.AddrPortFrom(nic1Addr, low), netip.AddrPortFrom(remotePod2, podPort)), low},
+		{"a TCP listener on a port among the host's own", snatMin, oneRemoteBackend(), tcpSYN, listenerOn(snatMin), snatMin},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t, withSNATRange(snatMin, snatMin+1))
+			f := newFixture(t, withSNATRange(tc.first, tc.first+1))
 			f.program(tc.svc)
 			if tc.socket != nil {
 				var closeSocket func()
@@ -87,7 +86,7 @@ func TestSNATPassesOverPortsOfHostSockets(t *testing.T) {
 				}
 				defer closeSocket()
 			}
-			skipped := map[bool]uint64{true: 1}[tc.wantPort != snatMin]
+			skipped := map[bool]uint64{true: 1}[tc.wantPort != tc.first]
 			var r result
 			f.expectCounters(map[string]uint64{"snat_host_socket": skipped, "new_flow": 1, "redirect": 1}, func() {
 				r = f.run(tc.in.Bytes(), f.nic0)
@@ -96,6 +95,17 @@ func TestSNATPassesOverPortsOfHostSockets(t *testing.T) {
 				t.Errorf("SNAT port %d, want %d", got, tc.wantPort)
 			}
 		})
+	}
+}
+
+// listenerOn opens a TCP listener on port of every address.
+func listenerOn(port uint16) func(t *testing.T) (close func()) {
+	return func(t *testing.T) func() {
+		l, err := net.Listen("tcp4", netip.AddrPortFrom(netip.IPv4Unspecified(), port).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func() { l.Close() }
 	}
 }
 

@@ -87,7 +87,7 @@ func agentFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "udp-timeout", Value: d.UDPTimeout, EnvVars: env("udp-timeout"),
 			Usage: "idle timeout of a UDP flow"},
 		&cli.StringFlag{Name: "snat-port-range", Value: d.SNATPorts.String(), EnvVars: env("snat-port-range"),
-			Usage: "source ports for SNAT to remote backends, per backend and node address: one range or two; those within the host's ephemeral ports are reserved from them (at least 1024 must stay the host's), and a port the host has a socket on is passed over; by default, when --nodeport-range overlaps it, the two largest pieces left"},
+			Usage: "source ports for SNAT to remote backends, per backend and node address: one range or two; those within the host's ephemeral ports are reserved from them (at least 1024 must stay the host's), and one below them that the host has a socket on is passed over; by default, when --nodeport-range overlaps it, the two largest pieces left"},
 		&cli.StringSliceFlag{Name: "snat-extra-addresses", EnvVars: env("snat-extra-addresses"), DefaultText: "none",
 			Usage: "more addresses of the --iface interfaces for SNAT to remote backends: an interface that has some of them spreads its SNAT flows over its address and those, each with --snat-port-range ports of its own (the network must route them to this node)"},
 		&cli.StringFlag{Name: "nodeport-range", Value: "30000-32767", EnvVars: env("nodeport-range"),
@@ -355,6 +355,9 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	if opts.SNATPorts, err = snatPortsFlag(c, xdp.PortRange{Min: npLo, Max: npHi}, cfg.ProcSys); err != nil {
 		return cfg, err
 	}
+	if opts.SNATSocketCheckBelow, err = snatSocketCheckBelow(cfg.ProcSys); err != nil {
+		return cfg, err
+	}
 	if opts.SNATExtraAddrs, err = snatExtraAddrsFlag(c); err != nil {
 		return cfg, err
 	}
@@ -573,6 +576,16 @@ func snatPortsFlag(c *cli.Context, nodePorts xdp.PortRange, procSys agent.ProcSy
 		return ports, flagError("snat-port-range", ports.String(), err.Error())
 	}
 	return ports, nil
+}
+
+// snatSocketCheckBelow is where the host's own ports start: SNAT ports
+// below are looked up among its sockets before a flow takes one.
+func snatSocketCheckBelow(procSys agent.ProcSys) (uint16, error) {
+	start, err := procSys.EphemeralStart()
+	if err != nil {
+		return 0, flagError("host-proc-sys", string(procSys), err.Error())
+	}
+	return start, nil
 }
 
 // snatExtraAddrsFlag reads --snat-extra-addresses: unicast IPv4 addresses

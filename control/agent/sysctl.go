@@ -158,6 +158,13 @@ func parsePortList(text string) (portSet, error) {
 	return s, nil
 }
 
+// EphemeralStart is the first port of ip_local_port_range: the host's own
+// connections take their ports from there up.
+func (p ProcSys) EphemeralStart() (uint16, error) {
+	lo, _, err := p.ephemeralRange()
+	return uint16(lo), err
+}
+
 // ephemeralRange reads ip_local_port_range.
 func (p ProcSys) ephemeralRange() (lo, hi int, err error) {
 	path := p.localPortRange()

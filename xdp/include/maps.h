@@ -54,7 +54,11 @@ struct datapath_config {
 	 * snat_port2_min (0: none). */
 	__u16 snat_port2_min;
 	__u16 snat_port2_len;
-	__u32 pad;
+	/* SNAT ports below this are looked up among the host's sockets
+	 * before a flow takes one (snat_host_socket): the host's servers
+	 * listen there; above it lie ip_local_port_range and beyond. */
+	__u16 snat_socket_check_below;
+	__u16 pad;
 };
 
 enum syn_cookie_mode {

@@ -705,8 +705,9 @@ static __always_inline enum snat_try snat_try_locked(void *pkt_ctx, struct snat_
 	if (found && (way == SNAT_AT_RANDOM || !snat_holder_gone(key, found, cfg, now)))
 		return SNAT_BUSY;
 	/* Free for the datapath: is it for the host's sockets too? Asked
-	 * last, of the one port about to be taken. */
-	if (snat_host_socket(pkt_ctx, key))
+	 * last, of the one port about to be taken, and only below the host's
+	 * ephemeral ports: the lookup is a good part of a new flow's cost. */
+	if (bpf_ntohs(key->dport) < cfg->snat_socket_check_below && snat_host_socket(pkt_ctx, key))
 		return SNAT_HOST_SOCKET;
 	if (in_slot) {
 		if (found)
