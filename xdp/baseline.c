@@ -23,6 +23,9 @@
  *                frame and xdp_pass, it measures xdp_restore's own cost in
  *                turn with the program behind it.
  *   xdp_sink     counts and drops: the receiving end of the perf suite.
+ *                Frames to the address in sink_passes go to the stack
+ *                instead (real connections of the flood scenario), unless
+ *                they carry its marker DSCP (the generated flood itself).
  *   xdp_fwd      the perf suite's forwarding baseline: rewrites the MACs
  *                for the egress port configured for the ingress device and
  *                redirects through a devmap, touching nothing else.
@@ -82,6 +85,21 @@ struct {
 	__type(key, __u32);
 	__type(value, struct sink_counter);
 } sink_stats SEC(".maps");
+
+/* Frames xdp_sink hands to the stack: IPv4 to addr, unless their TOS
+ * byte is drop_tos. addr 0: none. */
+struct sink_pass {
+	__be32 addr;
+	__u8 drop_tos;
+	__u8 pad[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sink_pass);
+} sink_passes SEC(".maps");
 
 SEC("xdp")
 int xdp_pass(struct xdp_md *ctx)
@@ -215,9 +233,20 @@ int xdp_restore_alongside(struct xdp_md *ctx)
 SEC("xdp")
 int xdp_sink(struct xdp_md *ctx)
 {
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	struct sink_counter *c;
+	struct sink_pass *pass;
 	__u32 zero = 0;
-	struct sink_counter *c = bpf_map_lookup_elem(&sink_stats, &zero);
 
+	pass = bpf_map_lookup_elem(&sink_passes, &zero);
+	if (pass && pass->addr && (void *)(ip + 1) <= data_end &&
+	    eth->h_proto == bpf_htons(ETH_P_IP) && ip->daddr == pass->addr &&
+	    ip->tos != pass->drop_tos)
+		return XDP_PASS;
+	c = bpf_map_lookup_elem(&sink_stats, &zero);
 	if (c) {
 		c->packets++;
 		c->bytes += ctx->data_end - ctx->data;

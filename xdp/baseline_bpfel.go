@@ -80,6 +80,13 @@ type BaselineSinkCounter struct {
 	Bytes   uint64
 }
 
+type BaselineSinkPass struct {
+	_       structs.HostLayout
+	Addr    uint32
+	DropTos uint8
+	Pad     [3]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -94,6 +101,7 @@ const (
 	BaselineMapGenCounters            = "gen_counters"
 	BaselineMapGenTuples              = "gen_tuples"
 	BaselineMapLruFloor               = "lru_floor"
+	BaselineMapSinkPasses             = "sink_passes"
 	BaselineMapSinkStats              = "sink_stats"
 	BaselineProgXdpFwd                = "xdp_fwd"
 	BaselineProgXdpGen                = "xdp_gen"
@@ -171,6 +179,7 @@ type BaselineMapSpecs struct {
 	GenCounters            *ebpf.MapSpec `ebpf:"gen_counters"`
 	GenTuples              *ebpf.MapSpec `ebpf:"gen_tuples"`
 	LruFloor               *ebpf.MapSpec `ebpf:"lru_floor"`
+	SinkPasses             *ebpf.MapSpec `ebpf:"sink_passes"`
 	SinkStats              *ebpf.MapSpec `ebpf:"sink_stats"`
 }
 
@@ -210,6 +219,7 @@ type BaselineMaps struct {
 	GenCounters            *ebpf.Map `ebpf:"gen_counters"`
 	GenTuples              *ebpf.Map `ebpf:"gen_tuples"`
 	LruFloor               *ebpf.Map `ebpf:"lru_floor"`
+	SinkPasses             *ebpf.Map `ebpf:"sink_passes"`
 	SinkStats              *ebpf.Map `ebpf:"sink_stats"`
 }
 
@@ -225,6 +235,7 @@ func (m *BaselineMaps) Close() error {
 		m.GenCounters,
 		m.GenTuples,
 		m.LruFloor,
+		m.SinkPasses,
 		m.SinkStats,
 	)
 }

@@ -37,6 +37,8 @@ type env struct {
 	noPktgen string             // else why not
 
 	cluster *cluster // API server for kube-proxy, started on first use
+	// realReady: gen and node2 have the flood scenario's real addresses.
+	realReady bool
 
 	threads     int     // generator threads
 	frameSize   int     // bytes per frame

@@ -37,6 +37,7 @@ type rep struct {
 	cpu           cpuTimes
 	before, after *observation
 	timeline      []sample
+	flood         *summary.Flood // the flood scenario's own figures
 }
 
 func (r rep) mpps() float64 {
@@ -146,6 +147,9 @@ func (e *env) send(ctx context.Context, s sender, spec traffic.Spec, sink *traff
 func (e *env) measure(ctx context.Context, m mode, sc scenario, set ServiceSet) (rep, error) {
 	if err := m.reset(ctx, e); err != nil {
 		return rep{}, fmt.Errorf("reset: %w", err)
+	}
+	if sc.traffic == trafficFlood {
+		return e.measureFlood(ctx, m, sc, set)
 	}
 	fwd := e.forwardSender()
 	if sc.prefill > 0 {
@@ -262,6 +266,7 @@ func (e *env) result(m mode, sc scenario, set ServiceSet, reps []rep) summary.Re
 			res.NodeCPUSecPerMpkt = res.CPUSecPerMpkt - e.calibration
 		}
 	}
+	res.Flood = r.flood
 	if sc.traffic == trafficNew {
 		ex := detectExhaustion(r.timeline, r.sent, r.arrived, r.elapsed)
 		if ex.Detected || sc.target == targetOne {

@@ -174,11 +174,15 @@ func (m *baselineMode) replyTuples(_ context.Context, e *env, limit int) ([]traf
 // Services from a file.
 type xdplbMode struct {
 	xdpOff bool // XDP off: the TC program does everything
-	args   []string
-	proc   *child.Process
-	maps   *loader.Maps
-	names  []string
-	undo   func() error // detaches the XDP_PASS programs (XDP off)
+	// synCookies is the agent's --syn-cookies: off for the new-flow
+	// scenarios, auto (the default) for the flood.
+	synCookies string
+	set        ServiceSet // what it was started with
+	args       []string
+	proc       *child.Process
+	maps       *loader.Maps
+	names      []string
+	undo       func() error // detaches the XDP_PASS programs (XDP off)
 }
 
 const (
@@ -237,14 +241,15 @@ func (m *xdplbMode) start(ctx context.Context, e *env, set ServiceSet) error {
 		// The new-flow scenarios measure admitting new flows: every frame
 		// a SYN nobody completes, which SYN cookies (on by default once a
 		// service port leaves 1000 handshakes incomplete within a second)
-		// would answer instead.
-		"--syn-cookies", "off",
+		// would answer instead. The flood scenario runs the default.
+		"--syn-cookies", m.cookies(),
 		"--services-max", strconv.Itoa(servicesMax), "--frontends-max", strconv.Itoa(max(262144, 4*(set.Count+2))),
 		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
 	}
 	full := append([]string{"agent", "--bpffs-root", e.topo.BPFFS, "--services-file", file}, m.args...)
+	m.set = set
 	t0 := time.Now()
-	p, err := e.startInNamespace(e.topo.Edge, filepath.Join(e.dir, m.name()+".log"), e.xdplb, full...)
+	p, err := e.startInNamespace(e.topo.Edge, filepath.Join(e.dir, fmt.Sprintf("%s-%s.log", m.name(), m.cookies())), e.xdplb, full...)
 	if err != nil {
 		return err
 	}
@@ -289,6 +294,7 @@ func (m *xdplbMode) waitHealthy(ctx context.Context, e *env, timeout time.Durati
 }
 
 func (m *xdplbMode) stop(ctx context.Context, e *env) error {
+	m.synCookies = "" // the next start is a new-flow one unless prepare says
 	var errs []error
 	if m.maps != nil {
 		errs = append(errs, m.maps.Close())
@@ -310,7 +316,32 @@ func (m *xdplbMode) stop(ctx context.Context, e *env) error {
 	return errors.Join(errs...)
 }
 
-func (m *xdplbMode) prepare(context.Context, *env, scenario) error { return nil }
+func (m *xdplbMode) cookies() string {
+	if m.synCookies == "" {
+		return "off"
+	}
+	return m.synCookies
+}
+
+// prepare restarts the agent when the scenario wants SYN cookies set
+// otherwise than it runs with.
+func (m *xdplbMode) prepare(ctx context.Context, e *env, sc scenario) error {
+	want := "off"
+	if sc.traffic == trafficFlood {
+		want = "auto"
+	}
+	if want == m.cookies() {
+		return nil
+	}
+	if err := m.stop(ctx, e); err != nil {
+		return fmt.Errorf("restart with --syn-cookies %s: %w", want, err)
+	}
+	m.synCookies = want
+	if err := m.start(ctx, e, m.set); err != nil {
+		return fmt.Errorf("restart with --syn-cookies %s: %w", want, err)
+	}
+	return waitForwarding(ctx, e, m.set, m.probeTargets(), 2*time.Minute, m.alive)
+}
 
 func (m *xdplbMode) alive() error { return checkRunning(m.proc) }
 

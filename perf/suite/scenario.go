@@ -26,6 +26,7 @@ const (
 	trafficEstablished trafficKind = iota // few flows, each already tracked
 	trafficNew                            // every frame a new flow
 	trafficReply                          // replies of tracked flows, backend to client
+	trafficFlood                          // spoofed SYNs beside real connections (flood.go)
 )
 
 // scenario is one kind of traffic against one kind of Service.
@@ -84,7 +85,17 @@ func scenarios(quick bool) []scenario {
 			target: targetRemote, prefill: 0.9, count: 100000, duration: newDur},
 		{id: "snat-exhaust", title: "new flows to one backend beyond 64.5k (NAT ports)", traffic: trafficNew,
 			target: targetOne, count: 100000, duration: 4 * time.Second},
+		// As many frames as the node takes in eight seconds at the
+		// generator's full rate (it offers more than any mode takes).
+		{id: "syn-flood", title: "spoofed SYN flood at one remote backend, real connections beside it", traffic: trafficFlood,
+			target: targetOne, duration: 8 * time.Second},
 	}
+}
+
+// appliesTo tells whether a mode runs the scenario: the flood's real
+// connections need a Service, which the baseline's forwarding has not.
+func (sc scenario) appliesTo(mode string) bool {
+	return sc.traffic != trafficFlood || mode != summary.ModeBaseline
 }
 
 func pick(all []scenario, ids ...string) []scenario {

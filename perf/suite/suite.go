@@ -236,6 +236,9 @@ func Run(ctx context.Context, cfg Config) (*summary.Report, error) {
 		for _, m := range run {
 			entries = append(entries, stepEntry{m: m, set: st.set, inRounds: i == 0})
 			for _, sc := range scs {
+				if !sc.appliesTo(m.name()) {
+					continue
+				}
 				rpt.Scheduled = append(rpt.Scheduled, summary.Key{Mode: m.name(), Scenario: sc.id, Services: st.set.Count})
 			}
 		}
@@ -414,6 +417,9 @@ func (e *env) runMode(ctx context.Context, m mode, set ServiceSet, scs []scenari
 	for _, sc := range scs {
 		if err := ctx.Err(); err != nil {
 			return failAll(err)
+		}
+		if !sc.appliesTo(m.name()) {
+			continue
 		}
 		if err := m.prepare(ctx, e, sc); err != nil {
 			acc.fail(sc.id, err, false)

@@ -210,6 +210,14 @@ func TestPlan(t *testing.T) {
 	if !slices.Equal(counts, []int{1, 1000, 10000, 100000}) || len(full[0].scenarios) != len(scenarios(false)) {
 		t.Errorf("full plan: counts %v, %d scenarios at 1 Service", counts, len(full[0].scenarios))
 	}
+	for _, sc := range full[0].scenarios {
+		if sc.traffic == trafficFlood && (sc.appliesTo(summary.ModeBaseline) || !sc.appliesTo(summary.ModeKPIPTables)) {
+			t.Errorf("%s: runs for the baseline, or not for kube-proxy", sc.id)
+		}
+	}
+	if !slices.ContainsFunc(full[0].scenarios, func(sc scenario) bool { return sc.traffic == trafficFlood }) {
+		t.Error("the full plan has no flood scenario")
+	}
 	if custom := plan(false, []int{5, 50}, 2); len(custom) != 2 || custom[1].set.Backends != 2 {
 		t.Errorf("custom plan: %+v", custom)
 	}

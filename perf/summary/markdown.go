@@ -128,7 +128,7 @@ func (r *Report) Markdown(svg string) string {
 		var scen []string
 		for _, s := range r.Scenarios {
 			for _, res := range r.Results {
-				if res.Services == n && res.Scenario == s.ID && !slices.Contains(scen, s.ID) {
+				if res.Services == n && res.Scenario == s.ID && res.Flood == nil && !slices.Contains(scen, s.ID) {
 					scen = append(scen, s.ID)
 				}
 			}
@@ -156,6 +156,7 @@ func (r *Report) Markdown(svg string) string {
 		b.WriteString("\n")
 	}
 	b.WriteString("n/a: mode unavailable here (see below); –: not part of this run; *: ran out of NAT ports or conntrack room part-way (see details).\n\n")
+	r.floodTable(&b)
 
 	if len(r.Targets) > 0 {
 		b.WriteString("**Targets (ratios within this run)**\n\n")
@@ -231,6 +232,28 @@ func (r *Report) Markdown(svg string) string {
 		}
 	}
 	return b.String()
+}
+
+// floodTable renders the flood scenarios' results, if any.
+func (r *Report) floodTable(b *strings.Builder) {
+	first := true
+	for _, res := range r.Results {
+		f := res.Flood
+		if f == nil || res.Error != "" {
+			continue
+		}
+		if first {
+			fmt.Fprintf(b, "**%s**\n\n", mdEscape(r.scenarioTitle(res.Scenario)))
+			b.WriteString("| mode | established connections kept | new connections during the flood | time per new connection | flood Mpps absorbed | flood frames to the backend | flood Mpkts per CPU second |\n")
+			b.WriteString("|---|---:|---:|---:|---:|---:|---:|\n")
+			first = false
+		}
+		fmt.Fprintf(b, "| %s | %d of %d | %d of %d | %.1f ms | %s | %d | %s |\n", res.Mode, f.Kept, f.Established,
+			f.Connected, f.Attempts, f.ConnectMillis, FormatMpps(res.Mpps), f.ToBackend, FormatMpps(f.PerCPUSecond/1e6))
+	}
+	if !first {
+		b.WriteString("\nEstablished connections open before the flood and still answering after it; new connections from a real client while it lasts (connect, request, answer, one after the other); the flood's frames the node took in per second (the generator offers more: the rest the veth drops) and per second of the pipeline's CPU time.\n\n")
+	}
 }
 
 func formatCost(v float64) string {

@@ -88,6 +88,7 @@ type Result struct {
 	MachineCPUSecPerMpkt float64 `json:"machine_cpu_s_per_mpkt"`
 
 	Exhaustion *Exhaustion `json:"exhaustion,omitempty"`
+	Flood      *Flood      `json:"flood,omitempty"`
 	Datapath   *Datapath   `json:"datapath,omitempty"`
 	Conntrack  *Conntrack  `json:"kernel_conntrack,omitempty"`
 
@@ -115,6 +116,27 @@ type Exhaustion struct {
 	MppsBefore float64 `json:"mpps_before"`
 	// AfterSeconds is when it set in.
 	AfterSeconds float64 `json:"after_seconds"`
+}
+
+// Flood is what a SYN flood scenario measures beyond its rate: Mpps is
+// the flood's frames the node absorbed per second (forwarded, answered
+// or dropped), not forwarded frames.
+type Flood struct {
+	// Established connections open before the flood, and how many of them
+	// still carried data after it.
+	Established int `json:"established"`
+	Kept        int `json:"kept"`
+	// New connections a real client tried during the flood, and how many
+	// of them completed a request and its answer.
+	Attempts  int `json:"attempts"`
+	Connected int `json:"connected"`
+	// ConnectMillis is the mean time of a connection that completed:
+	// connect, one request, its answer.
+	ConnectMillis float64 `json:"connect_ms"`
+	// ToBackend is how many flood frames reached the backend's node.
+	ToBackend uint64 `json:"to_backend"`
+	// PerCPUSecond is flood frames per second of the pipeline's CPU time.
+	PerCPUSecond float64 `json:"per_cpu_second"`
 }
 
 // Datapath is xdplb's own view of a run: counter deltas and map fill.

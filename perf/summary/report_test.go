@@ -195,12 +195,45 @@ func TestMarkdown(t *testing.T) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
 	}
+	if strings.Contains(md, "SYN flood") {
+		t.Errorf("a run without a flood scenario has a flood table:\n%s", md)
+	}
 	if md := sample().Markdown(""); strings.Contains(md, "pktgen") {
 		t.Errorf("a run with pktgen (no reason against it) mentions it:\n%s", md)
 	}
 	// Rows come in service-count order.
 	if strings.Index(md, "**Forwarded Mpps, 1 Service(s)**") > strings.Index(md, "**Forwarded Mpps, 10k Service(s)**") {
 		t.Error("service counts out of order")
+	}
+}
+
+// A flood's figures have a table of their own, not a column of the
+// forwarded Mpps tables or a bar of the chart: its rate is not forwarded
+// frames.
+func TestFloodTable(t *testing.T) {
+	r := sample()
+	r.Scenarios = append(r.Scenarios, Scenario{"syn-flood", "SYN flood beside real connections"})
+	r.Results = append(r.Results,
+		Result{Mode: ModeXDPLB, Scenario: "syn-flood", Services: 1, Reps: 1, Sent: 2e6, Arrived: 1.5e6, Seconds: 1, Mpps: 1.5,
+			Flood: &Flood{Established: 100, Kept: 100, Attempts: 400, Connected: 399, ConnectMillis: 2.5, ToBackend: 1000, PerCPUSecond: 1.4e6}},
+		Result{Mode: ModeKPIPTables, Scenario: "syn-flood", Services: 1, Reps: 1, Sent: 2e6, Arrived: 1.2e5, Seconds: 1, Mpps: 0.12,
+			Flood: &Flood{Established: 100, Kept: 97, Attempts: 30, Connected: 21, ConnectMillis: 340, ToBackend: 57000, PerCPUSecond: 6.8e4}})
+	r.SortResults()
+	md := r.Markdown("report.svg")
+	for _, want := range []string{
+		"**SYN flood beside real connections**",
+		"| xdplb-xdp | 100 of 100 | 399 of 400 | 2.5 ms | 1.50 | 1000 | 1.40 |",
+		"| kube-proxy-iptables | 97 of 100 | 21 of 30 | 340.0 ms | 0.120 | 57000 | 0.0680 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(md, "| SYN flood beside real connections |") {
+		t.Errorf("the flood has a row in a forwarded Mpps table:\n%s", md)
+	}
+	if strings.Contains(r.SVG(), "SYN flood") {
+		t.Error("the flood has bars in the chart")
 	}
 }
 

@@ -108,7 +108,7 @@ func (r *Report) SVG() string {
 			g := group{title: s.Title}
 			for _, mode := range modes {
 				res, ok := r.Find(mode, s.ID, n)
-				if !ok || !res.OK() {
+				if !ok || !res.OK() || res.Flood != nil {
 					continue
 				}
 				mark := ""

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -46,6 +47,24 @@ func (s *Sink) Packets() (uint64, error) {
 		n += c.Packets
 	}
 	return n, nil
+}
+
+// PassTo hands frames to addr to the stack instead of counting them (the
+// real connections of a scenario), except those whose TOS byte is
+// dropTOS (generated traffic marked as such: see Spec.TOS). The zero
+// address passes nothing again.
+func (s *Sink) PassTo(addr netip.Addr, dropTOS uint8) error {
+	pass := xdp.BaselineSinkPass{DropTos: dropTOS}
+	if addr.IsValid() {
+		if !addr.Is4() {
+			return fmt.Errorf("sink %s: pass to %s: IPv4 only", s.Dev, addr)
+		}
+		pass.Addr = xdp.AddrToNet(addr)
+	}
+	if err := s.objs.SinkPasses.Put(uint32(0), pass); err != nil {
+		return fmt.Errorf("sink %s: pass to %s: %w", s.Dev, addr, err)
+	}
+	return nil
 }
 
 // Close detaches the sink.

@@ -54,6 +54,10 @@ type Spec struct {
 	Proto          uint8 // TCP or UDP
 	TCPFlags       uint8 // e.g. packet.SYN for new connections, packet.ACK otherwise
 	Size           int   // frame length without FCS; at least HeaderLen
+	// TOS is the IPv4 TOS byte of every frame: a DSCP marks generated
+	// traffic apart from real connections to the same address (see
+	// Sink.PassTo).
+	TOS uint8
 
 	// Computed flows: flow i comes from Src + (i / SrcPorts) % SrcAddrs,
 	// port SrcPortMin + i % SrcPorts, and goes to Dst + (i % DstAddrs) *
@@ -153,7 +157,7 @@ func (s Spec) Template() []byte {
 	}
 	f := packet.Frame{
 		SrcMAC: s.SrcMAC, DstMAC: s.DstMAC,
-		Src: first.Src, Dst: first.Dst, Proto: s.Proto,
+		Src: first.Src, Dst: first.Dst, TOS: s.TOS, Proto: s.Proto,
 		SrcPort: first.SrcPort, DstPort: first.DstPort,
 		Flags: s.TCPFlags, Seq: 1, Ack: 1, Window: 65535,
 		NoUDPChecksum: true,

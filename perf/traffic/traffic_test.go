@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/xdplb/xdplb/tests/packet"
 	"github.com/xdplb/xdplb/tests/testenv"
 	"github.com/xdplb/xdplb/xdp"
@@ -74,6 +76,24 @@ func TestTemplate(t *testing.T) {
 		if c.proto == UDP && d.L4Checksum != 0 {
 			t.Errorf("UDP template with checksum %#x: the generator would not fix it", d.L4Checksum)
 		}
+	}
+}
+
+// A marked spec's frames carry its TOS byte, with the IPv4 checksum
+// that covers it: the sinks tell the generated flood by it.
+func TestTemplateCarriesTOS(t *testing.T) {
+	s := newFlows()
+	s.TOS = 0x20
+	f := s.Template()
+	if err := packet.Verify(f); err != nil {
+		t.Fatal(err)
+	}
+	d, err := packet.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.TOS != 0x20 {
+		t.Errorf("template TOS %#x, want 0x20", d.TOS)
 	}
 }
 
@@ -350,6 +370,59 @@ func TestSplitCPUs(t *testing.T) {
 		gen, rest := splitCPUs(tc.cpus, tc.threads)
 		if !slices.Equal(gen, tc.generator) || !slices.Equal(rest, tc.rest) {
 			t.Errorf("splitCPUs(%v, %d) = %v, %v; want %v, %v", tc.cpus, tc.threads, gen, rest, tc.generator, tc.rest)
+		}
+	}
+}
+
+// A sink told to pass an address hands that address's frames to the stack
+// uncounted, except those marked with its TOS, and counts and drops the
+// rest; told to pass nothing, it counts everything again.
+func TestSinkPassesRealConnections(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	ns := testenv.NewNetns(t, "sink")
+	ns.IP("link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
+	ns.IP("link", "set", "eth0", "up")
+	ns.IP("link", "set", "eth1", "up")
+	s, err := NewSink(ns.NS, "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	real := netip.MustParseAddr("10.244.2.250")
+	frame := func(dst netip.Addr, tos uint8) []byte {
+		return packet.Frame{Src: netip.MustParseAddr("198.18.1.1"), Dst: dst, TOS: tos, Proto: packet.TCP,
+			SrcPort: 40000, DstPort: 8080, Flags: packet.SYN}.Bytes()
+	}
+	const xdpDrop, xdpPass = 1, 2
+	for _, c := range []struct {
+		name  string
+		pass  netip.Addr
+		frame []byte
+		want  uint32
+	}{
+		{"to the address", real, frame(real, 0), xdpPass},
+		{"marked, to the address", real, frame(real, 0x20), xdpDrop},
+		{"elsewhere", real, frame(netip.MustParseAddr("10.244.2.10"), 0), xdpDrop},
+		{"passing nothing", netip.Addr{}, frame(real, 0), xdpDrop},
+	} {
+		if err := s.PassTo(c.pass, 0x20); err != nil {
+			t.Fatal(err)
+		}
+		before, err := s.Packets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ret, err := s.objs.XdpSink.Run(&ebpf.RunOptions{Data: c.frame})
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err := s.Packets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		counted := after - before
+		if ret != c.want || (ret == xdpDrop) != (counted == 1) {
+			t.Errorf("%s: verdict %d with %d counted, want %d (counted only when dropped)", c.name, ret, counted, c.want)
 		}
 	}
 }
