@@ -83,7 +83,7 @@ perf-quick: deps build
 	$(GO) run ./perf/cmd/xdplb-perf -xdplb $(BIN) -quick -check
 
 ## perf: the full perf matrix; the report is also published to perf/report/,
-## which README.md shows.
+## which docs/performance.md shows.
 perf: deps build
 	./tests/apiserver/build.sh -kube-proxy
 	$(GO) run ./perf/cmd/xdplb-perf -xdplb $(BIN) -publish perf/report

@@ -531,7 +531,7 @@ func summary(b *testing.B, r *benchResults, ratios []ratio) {
 
 // usualPassNs is what a program that only returns its verdict takes per
 // BPF_PROG_TEST_RUN repetition on a machine of this kind, by baseline name
-// (README, "Datapath cost per packet"); 0 for other names.
+// (docs/performance.md, "Datapath cost per packet"); 0 for other names.
 func usualPassNs(name string) float64 {
 	switch name {
 	case "baseline_pass":

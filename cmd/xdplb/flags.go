@@ -47,7 +47,7 @@ const goDuration = "(a Go duration such as 30s, 5m, 6h)"
 const fitsMemory = "all maps together (estimated from these sizes) within the machine's MemTotal and, with --memory-limit, within what it leaves beside the agent"
 
 // allowed says, per flag, which values it accepts: error messages and the
-// README's flag table quote it, so the two cannot disagree.
+// docs/running.md's flag table quote it, so the two cannot disagree.
 var allowed = map[string]string{
 	"iface":                   "names of existing network interfaces, at least one (repeat the flag or separate with commas)",
 	"xdp-mode":                xdpModes(),
@@ -180,7 +180,7 @@ func parseProblem(flags []cli.Flag, name, detail string) string {
 	return "cannot be parsed"
 }
 
-// writeFlagTable renders flags as a Markdown table for the README: name,
+// writeFlagTable renders flags as a Markdown table for docs/running.md: name,
 // environment variables, default, allowed values and meaning, all taken
 // from the flag definitions.
 func writeFlagTable(w io.Writer, flags []cli.Flag) error {

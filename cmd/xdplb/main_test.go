@@ -811,7 +811,7 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// TestFlagTable renders the README's table of agent flags from the flag
+// TestFlagTable renders docs/running.md's table of agent flags from the flag
 // definitions and compares it with testdata/agent-flags.md (-update
 // rewrites it), so the documentation cannot drift from the code.
 func TestFlagTable(t *testing.T) {
@@ -835,12 +835,12 @@ func TestFlagTable(t *testing.T) {
 	if !bytes.Equal(buf.Bytes(), want) {
 		t.Errorf("%s is out of date: run go test ./cmd/xdplb -run TestFlagTable -update\ngot:\n%s", path, buf.String())
 	}
-	// The README shows the same table.
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	// docs/running.md shows the same table.
+	readme, err := os.ReadFile(filepath.Join("..", "..", "docs", "running.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Contains(readme, buf.Bytes()) {
-		t.Errorf("README.md's flag table differs from %s: copy it over", path)
+		t.Errorf("docs/running.md's flag table differs from %s: copy it over", path)
 	}
 }

@@ -39,7 +39,7 @@ func mapFlags() map[string]string {
 
 // agentReserve is the memory the agent's own process needs beside the
 // maps under a memory limit: its RSS measured up to 176 MiB at 10k
-// Services under the DaemonSet's GOMEMLIMIT (README, Performance).
+// Services under the DaemonSet's GOMEMLIMIT (docs/performance.md).
 const agentReserve = 192 << 20
 
 // minMemoryLimit is the least --memory-limit: the agent and small maps.

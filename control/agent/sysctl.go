@@ -266,7 +266,7 @@ func reserveSNATPorts(pinRoot string, procSys ProcSys, ports xdp.SNATPorts, log 
 	if err := procSys.writeReservedPorts(next); err != nil {
 		// A container sees its /proc/sys read-only: --host-proc-sys
 		// names where the node's is mounted, or the node must reserve
-		// the range itself (the README's node requirements).
+		// the range itself (docs/deploying.md's node requirements).
 		log.Warn("cannot reserve the SNAT port range from the host's ephemeral ports "+
 			"(is --host-proc-sys the node's /proc/sys, mounted writable?): "+
 			"host connections may collide with translated flows",

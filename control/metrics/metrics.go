@@ -162,7 +162,7 @@ func newDatapathCollector(dp *dataplane.Dataplane, log *slog.Logger) *datapathCo
 		memoryCache:      &cached[map[string]uint64]{ttl: memoryTTL, what: "map memory"},
 		quarantinedCache: &cached[int]{ttl: occupancyTTL, what: "SNAT ports in quarantine"},
 		packets: prometheus.NewDesc("xdplb_datapath_packets_total",
-			"Packets by the datapath's verdict or event (see README: counters).", []string{"reason"}, nil),
+			"Packets by the datapath's verdict or event (see docs/counters.md).", []string{"reason"}, nil),
 		bytes: prometheus.NewDesc("xdplb_datapath_bytes_total",
 			"Bytes by the datapath's verdict or event.", []string{"reason"}, nil),
 		svcPackets: prometheus.NewDesc("xdplb_service_packets_total",

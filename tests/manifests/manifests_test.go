@@ -176,7 +176,7 @@ func TestConfigMap(t *testing.T) {
 	d := load(t)
 	envName := regexp.MustCompile(`^XDPLB_[A-Z0-9]+(_[A-Z0-9]+)*$`)
 	for k := range d.config.Data {
-		// The API server's own address, which the README's cut-over
+		// The API server's own address, which docs/deploying.md's cut-over
 		// from kube-proxy has set here.
 		apiServer := k == "KUBERNETES_SERVICE_HOST" || k == "KUBERNETES_SERVICE_PORT"
 		if !envName.MatchString(k) && !apiServer {

@@ -16,7 +16,7 @@ import (
 
 const mib = 1 << 20
 
-// measured holds the figures README.md's performance table reports for
+// measured holds the figures docs/performance.md's table reports for
 // the agent at 10k Services: the largest RSS seen, the GOMEMLIMIT it was
 // measured under, and the BPF map memory at the default flags. The
 // DaemonSet is checked against them, so the two cannot drift apart.
@@ -24,14 +24,14 @@ type measured struct {
 	rssMiB, goMemLimitMiB, mapsMiB int64
 }
 
-// readmeFigures extracts measured from README.md.
+// readmeFigures extracts measured from docs/performance.md.
 func readmeFigures(t *testing.T) measured {
 	t.Helper()
 	root, err := apiserver.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(filepath.Join(root, "README.md"))
+	raw, err := os.ReadFile(filepath.Join(root, "docs", "performance.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func readmeFigures(t *testing.T) measured {
 		t.Helper()
 		m := regexp.MustCompile(re).FindSubmatch(raw)
 		if m == nil {
-			t.Fatalf("README.md: no match for %s (the performance table's memory figures)", re)
+			t.Fatalf("docs/performance.md: no match for %s (the performance table's memory figures)", re)
 		}
 		var out []int64
 		for _, s := range m[1:] {
@@ -82,7 +82,7 @@ func TestResourcesMatchMeasurements(t *testing.T) {
 		want string
 	}{
 		{"GOMEMLIMIT", goMemLimit == strconv.FormatInt(fig.goMemLimitMiB, 10)+"MiB",
-			"the " + strconv.FormatInt(fig.goMemLimitMiB, 10) + "MiB the README's figures were measured under"},
+			"the " + strconv.FormatInt(fig.goMemLimitMiB, 10) + "MiB docs/performance.md's figures were measured under"},
 		{"requests.memory", hasReq && req.Value() >= (fig.rssMiB+fig.mapsMiB)*mib,
 			"at least the measured RSS plus the BPF maps: " + strconv.FormatInt(fig.rssMiB+fig.mapsMiB, 10) + "Mi"},
 		{"limits.memory", hasLim && lim.Value() >= (fig.rssMiB+2*fig.mapsMiB)*mib && lim.Cmp(req) >= 0,
