@@ -129,7 +129,7 @@ func misplacedSNATSlot(slots *ebpf.Map, opts Options) error {
 	width := opts.SNATPorts.Len()
 	var misplaced error
 	seen, beyondFirst := 0, false
-	err := readEntriesWhile(slots, func(index *uint32, slot *xdp.NicSnatSlot) bool {
+	err := readEntriesWhile(slots, func(index *uint32, slot *xdp.SnatSlot) bool {
 		if slot.Key.Proto == 0 {
 			return true
 		}

@@ -89,7 +89,7 @@ func (d *Datapath) registerInterface(dev netlink.Link) error {
 	if err != nil {
 		return err
 	}
-	entry := xdp.NicIface{Addr: xdp.IPv4ToNet(addr)}
+	entry := xdp.Iface{Addr: xdp.IPv4ToNet(addr)}
 	extra, err := d.snatExtraAddrsOf(dev, addr)
 	if err != nil {
 		return err

@@ -126,7 +126,7 @@ type Datapath struct {
 	replacements  *mapReplacements
 	committed     bool
 	revertSteps   []revertStep
-	earlierConfig xdp.NicDatapathConfig
+	earlierConfig xdp.DatapathConfig
 }
 
 // Dir returns the versioned pin directory (<root>/xdplb/<version>).
@@ -344,7 +344,7 @@ func (d *Datapath) writeConfig() error {
 	if err := d.Maps.Config.Lookup(uint32(0), &d.earlierConfig); err != nil {
 		return fmt.Errorf("read datapath config: %w", err)
 	}
-	cfg := xdp.NicDatapathConfig{
+	cfg := xdp.DatapathConfig{
 		TcpEstablishedTimeoutNs: uint64(d.opts.TCPEstablishedTimeout.Nanoseconds()),
 		TcpTransientTimeoutNs:   uint64(d.opts.TCPTransientTimeout.Nanoseconds()),
 		UdpTimeoutNs:            uint64(d.opts.UDPTimeout.Nanoseconds()),

@@ -49,15 +49,15 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
-	if err := dp.Maps.Conntrack.Put(key, xdp.NicCtEntry{BackendId: 7}); err != nil {
+	key := xdp.CtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
+	if err := dp.Maps.Conntrack.Put(key, xdp.CtEntry{BackendId: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := dp.Maps.Backends.Put(uint32(5), xdp.NicBackend{Addr: 9, Port: 80}); err != nil {
+	if err := dp.Maps.Backends.Put(uint32(5), xdp.Backend{Addr: 9, Port: 80}); err != nil {
 		t.Fatal(err)
 	}
 	// As an agent that trusted the SNAT spill marks leaves it.
-	if err := dp.Maps.Config.Put(uint32(0), xdp.NicDatapathConfig{SnatSpillsMarked: 1}); err != nil {
+	if err := dp.Maps.Config.Put(uint32(0), xdp.DatapathConfig{SnatSpillsMarked: 1}); err != nil {
 		t.Fatal(err)
 	}
 	dp.Close()
@@ -69,15 +69,15 @@ func TestRestartAdoptsMapsAndResizeKeepsFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil || cfg.SnatSpillsMarked != 0 {
 		t.Errorf("config after a restart: %+v, %v; want spill marks untrusted", cfg, err)
 	}
-	var e xdp.NicCtEntry
+	var e xdp.CtEntry
 	if err := dp.Maps.Conntrack.Lookup(key, &e); err != nil || e.BackendId != 7 {
 		t.Fatalf("flow lost on restart: %+v %v", e, err)
 	}
-	var b xdp.NicBackend
+	var b xdp.Backend
 	if err := dp.Maps.Backends.Lookup(uint32(5), &b); err != nil || b.Addr != 9 {
 		t.Fatalf("backend lost on restart: %+v %v", b, err)
 	}
@@ -198,8 +198,8 @@ func TestPinsWithoutUnconfirmedFlowsAreAdopted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flow := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
-	if err := dp.Maps.Conntrack.Put(flow, xdp.NicCtEntry{BackendId: 7}); err != nil {
+	flow := xdp.CtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
+	if err := dp.Maps.Conntrack.Put(flow, xdp.CtEntry{BackendId: 7}); err != nil {
 		t.Fatal(err)
 	}
 	dp.Close()
@@ -225,7 +225,7 @@ func TestPinsWithoutUnconfirmedFlowsAreAdopted(t *testing.T) {
 		t.Fatalf("load over pins without ct_unconfirmed: %v", err)
 	}
 	defer again.Close()
-	var e xdp.NicCtEntry
+	var e xdp.CtEntry
 	if err := again.Maps.Conntrack.Lookup(flow, &e); err != nil || e.BackendId != 7 {
 		t.Fatalf("the pinned flow after the load: %+v, %v", e, err)
 	}
@@ -243,8 +243,8 @@ func TestResizeKeepsUnconfirmedFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flow := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
-	waiting := xdp.NicCtEntry{BackendId: 7, LastSeenNs: uint64(dataplane.Now()), Flags: uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED)}
+	flow := xdp.CtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
+	waiting := xdp.CtEntry{BackendId: 7, LastSeenNs: uint64(dataplane.Now()), Flags: uint8(xdp.CtFlagsCT_F_UNCONFIRMED)}
 	if err := dp.Maps.CtUnconfirmed.Put(flow, waiting); err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestResizeKeepsUnconfirmedFlows(t *testing.T) {
 	if got, want := again.Maps.CtUnconfirmed.MaxEntries(), bigger.UnconfirmedFlows(); got != want || want == opts.UnconfirmedFlows() {
 		t.Fatalf("ct_unconfirmed holds %d flows, want %d (was %d)", got, want, opts.UnconfirmedFlows())
 	}
-	var e xdp.NicCtEntry
+	var e xdp.CtEntry
 	if err := again.Maps.CtUnconfirmed.Lookup(flow, &e); err != nil || e != waiting {
 		t.Fatalf("the unconfirmed flow after the resize: %+v, %v; want %+v", e, err, waiting)
 	}
@@ -333,7 +333,7 @@ func TestSlotsLeftByAKilledStartAreMoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	err = running.Config.Lookup(uint32(0), &cfg)
 	running.Close()
 	if err != nil || cfg.SnatPortMin != 40400 {
@@ -368,7 +368,7 @@ func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {
 	}
 	defer dp.Close()
 	expectSlotAtHint(t, dp, backend, node, slot)
-	var stale xdp.NicSnatSlot
+	var stale xdp.SnatSlot
 	if err := dp.Maps.SNATSlots.Lookup(xdp.SNATSlot(1, 40500, xdp.SNATPorts{{Min: 40000, Max: 40999}}), &stale); err != nil || stale.Key.Proto != 0 {
 		t.Fatalf("the slot's old place still holds %+v (%v)", stale, err)
 	}
@@ -376,7 +376,7 @@ func TestSlotsPinnedWithoutHintsAreMoved(t *testing.T) {
 
 // loadWithSNATSlot loads a datapath with SNAT ports 40000-40999 (three
 // buckets) and returns a claimed slot of port 40500 to place in it.
-func loadWithSNATSlot(t *testing.T, root string) (loader.Options, *loader.Datapath, netip.AddrPort, netip.Addr, xdp.NicSnatSlot) {
+func loadWithSNATSlot(t *testing.T, root string) (loader.Options, *loader.Datapath, netip.AddrPort, netip.Addr, xdp.SnatSlot) {
 	t.Helper()
 	opts := smallOptions(root)
 	opts.SNATPorts = xdp.SNATPorts{{Min: 40000, Max: 40999}}
@@ -386,7 +386,7 @@ func loadWithSNATSlot(t *testing.T, root string) (loader.Options, *loader.Datapa
 	}
 	backend := netip.MustParseAddrPort("10.244.1.10:8080")
 	node := netip.MustParseAddr("10.1.0.1")
-	slot := xdp.NicSnatSlot{Key: xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
+	slot := xdp.SnatSlot{Key: xdp.NatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
 		Daddr: xdp.AddrToNet(node), Dport: xdp.PortToNet(40500), Proto: 6}, Generation: 1}
 	slot.Rev.ClientPort = xdp.PortToNet(5555)
 	return opts, dp, backend, node, slot
@@ -396,7 +396,7 @@ func loadWithSNATSlot(t *testing.T, root string) (loader.Options, *loader.Datapa
 // layout, as a running datapath does in turn, and puts the claimed slot
 // of port 40500 there. It returns the backend's key in the hints and the
 // number of buckets.
-func putSlotInLastBucket(t *testing.T, dp *loader.Datapath, backend netip.AddrPort, node netip.Addr, slot xdp.NicSnatSlot) (hint, buckets uint32) {
+func putSlotInLastBucket(t *testing.T, dp *loader.Datapath, backend netip.AddrPort, node netip.Addr, slot xdp.SnatSlot) (hint, buckets uint32) {
 	t.Helper()
 	buckets = dp.Options().SNATBuckets()
 	hint = xdp.SNATHint(backend, node, slot.Key.Proto)
@@ -412,7 +412,7 @@ func putSlotInLastBucket(t *testing.T, dp *loader.Datapath, backend netip.AddrPo
 
 // expectSlotAtHint checks that the slot of want's port in the bucket the
 // hints give backend holds want.
-func expectSlotAtHint(t *testing.T, dp *loader.Datapath, backend netip.AddrPort, node netip.Addr, want xdp.NicSnatSlot) {
+func expectSlotAtHint(t *testing.T, dp *loader.Datapath, backend netip.AddrPort, node netip.Addr, want xdp.SnatSlot) {
 	t.Helper()
 	opts := dp.Options()
 	var hint uint32
@@ -423,7 +423,7 @@ func expectSlotAtHint(t *testing.T, dp *loader.Datapath, backend netip.AddrPort,
 	if !ok {
 		t.Fatalf("backend %s has no SNAT bucket (hint %d of %d buckets)", backend, hint, opts.SNATBuckets())
 	}
-	var got xdp.NicSnatSlot
+	var got xdp.SnatSlot
 	at := xdp.SNATSlot(bucket, xdp.NetToPort(want.Key.Dport), opts.SNATPorts)
 	if err := dp.Maps.SNATSlots.Lookup(at, &got); err != nil || got != want {
 		t.Fatalf("slot %d (bucket %d): %+v (%v), want %+v", at, bucket, got, err, want)

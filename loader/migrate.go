@@ -27,23 +27,23 @@ import (
 // start empty.
 func migrations(opts Options, hints *ebpf.Map) map[string]migration {
 	return map[string]migration{
-		"stats": copyPerCPUArray[xdp.NicCounter],
+		"stats": copyPerCPUArray[xdp.Counter],
 
-		"conntrack":      copyRecentFirst[xdp.NicCtKey](ctLastSeen),
-		"ct_unconfirmed": copyRecentFirst[xdp.NicCtKey](ctLastSeen),
+		"conntrack":      copyRecentFirst[xdp.CtKey](ctLastSeen),
+		"ct_unconfirmed": copyRecentFirst[xdp.CtKey](ctLastSeen),
 		// Without its offset, a flow the SYN proxy opened cannot go on.
-		"synproxy_flows":  copyEntries[xdp.NicCtKey, xdp.NicSynproxySeq],
-		"nat":             copyRecentFirst[xdp.NicNatKey](natLastSeen),
-		"nat_unconfirmed": copyRecentFirst[xdp.NicNatKey](natLastSeen),
-		"affinity":        copyRecentFirst[xdp.NicAffinityKey](func(e *xdp.NicAffinityEntry) uint64 { return e.LastSeenNs }),
+		"synproxy_flows":  copyEntries[xdp.CtKey, xdp.SynproxySeq],
+		"nat":             copyRecentFirst[xdp.NatKey](natLastSeen),
+		"nat_unconfirmed": copyRecentFirst[xdp.NatKey](natLastSeen),
+		"affinity":        copyRecentFirst[xdp.AffinityKey](func(e *xdp.AffinityEntry) uint64 { return e.LastSeenNs }),
 		"snat_slots":      func(from, to *ebpf.Map) (int, int, error) { return copySNATSlots(from, to, opts, hints) },
 
-		"frontends":          copyEntries[xdp.NicFrontendKey, xdp.NicFrontend],
-		"backends":           copyEntries[uint32, xdp.NicBackend],
+		"frontends":          copyEntries[xdp.FrontendKey, xdp.Frontend],
+		"backends":           copyEntries[uint32, xdp.Backend],
 		"maglev_tables":      copyInnerMaps,
-		"source_ranges":      copyEntries[xdp.NicSourceRangeKey, uint8],
+		"source_ranges":      copyEntries[xdp.SourceRangeKey, uint8],
 		"snat_backend_hands": copyEntries[uint32, uint32],
-		"svc_names":          copyEntries[uint32, xdp.NicSvcName],
+		"svc_names":          copyEntries[uint32, xdp.SvcName],
 		// The SNAT source address of each NIC: the new programs run
 		// before the NICs are registered again (valuesGrow).
 		"ifaces": copyGrownValues,
@@ -75,7 +75,7 @@ func copyGrownValues(from, to *ebpf.Map) (copied, skipped int, err error) {
 }
 
 // natLastSeen dates a reverse half for copyRecentFirst.
-func natLastSeen(e *xdp.NicNatEntry) uint64 { return e.LastSeenNs }
+func natLastSeen(e *xdp.NatEntry) uint64 { return e.LastSeenNs }
 
 // copyEntries is the migration of a map of K to V that the control plane
 // fills: every entry that holds a value (an array's slots are all there;
@@ -154,8 +154,8 @@ const copyBatch = 4096
 // copyRecentFirst. An entry the agent ended is dated far back, with a
 // date that may have wrapped below zero (see dataplane.DeleteFlow): it
 // counts as the oldest of all, copied first and left out first.
-func ctLastSeen(e *xdp.NicCtEntry) uint64 {
-	if e.Flags&uint8(xdp.NicCtFlagsCT_F_ENDED) != 0 {
+func ctLastSeen(e *xdp.CtEntry) uint64 {
+	if e.Flags&uint8(xdp.CtFlagsCT_F_ENDED) != 0 {
 		return 0
 	}
 	return e.LastSeenNs
@@ -293,7 +293,7 @@ func (w *batchWriter[K, V]) flush() {
 // (see adoptPinnedMaps).
 func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, skipped int, err error) {
 	var index uint32
-	var slot xdp.NicSnatSlot
+	var slot xdp.SnatSlot
 	iter := from.Iterate()
 	for iter.Next(&index, &slot) {
 		if slot.Key.Proto == 0 {
@@ -312,7 +312,7 @@ func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, s
 			continue
 		}
 		at := xdp.SNATSlot(bucket, port, opts.SNATPorts)
-		var there xdp.NicSnatSlot
+		var there xdp.SnatSlot
 		if err := to.Lookup(at, &there); err != nil || there.Key.Proto != 0 {
 			skipped++
 			continue

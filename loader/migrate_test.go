@@ -22,13 +22,13 @@ import (
 
 // ctSpec is a conntrack-like LRU hash of n entries.
 func ctSpec(n uint32) *ebpf.MapSpec {
-	return &ebpf.MapSpec{Name: "conntrack", Type: ebpf.LRUHash, KeySize: uint32(binary.Size(xdp.NicCtKey{})),
-		ValueSize: uint32(binary.Size(xdp.NicCtEntry{})), MaxEntries: n}
+	return &ebpf.MapSpec{Name: "conntrack", Type: ebpf.LRUHash, KeySize: uint32(binary.Size(xdp.CtKey{})),
+		ValueSize: uint32(binary.Size(xdp.CtEntry{})), MaxEntries: n}
 }
 
 // ctKey is the i-th test flow.
-func ctKey(i uint32) xdp.NicCtKey {
-	return xdp.NicCtKey{Saddr: i, Daddr: 0x0a000001, Sport: uint16(i), Dport: 80, Proto: 6}
+func ctKey(i uint32) xdp.CtKey {
+	return xdp.CtKey{Saddr: i, Daddr: 0x0a000001, Sport: uint16(i), Dport: 80, Proto: 6}
 }
 
 // fillConntrack puts n flows into m in random order, flow i last seen at
@@ -53,18 +53,18 @@ func fillConntrack(tb testing.TB, m *ebpf.Map, n uint32, batch bool) {
 	order := rand.New(rand.NewPCG(1, 2)).Perm(int(n))
 	if !batch {
 		for _, i := range order {
-			if err := m.Put(ctKey(uint32(i)), xdp.NicCtEntry{LastSeenNs: uint64(i) * 1e9, BackendId: uint32(i)}); err != nil {
+			if err := m.Put(ctKey(uint32(i)), xdp.CtEntry{LastSeenNs: uint64(i) * 1e9, BackendId: uint32(i)}); err != nil {
 				tb.Fatal(err)
 			}
 		}
 		return
 	}
-	keys := make([]xdp.NicCtKey, 4096)
-	values := make([]xdp.NicCtEntry, 4096)
+	keys := make([]xdp.CtKey, 4096)
+	values := make([]xdp.CtEntry, 4096)
 	for start := 0; start < len(order); start += len(keys) {
 		for j := range keys {
 			i := uint32(order[start+j])
-			keys[j], values[j] = ctKey(i), xdp.NicCtEntry{LastSeenNs: uint64(i) * 1e9, BackendId: i}
+			keys[j], values[j] = ctKey(i), xdp.CtEntry{LastSeenNs: uint64(i) * 1e9, BackendId: i}
 		}
 		if _, err := m.BatchUpdate(keys, values, nil); err != nil {
 			tb.Fatal(err)
@@ -145,13 +145,13 @@ func TestInterfacesOfAnOlderLayoutAreCopied(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := &ebpf.MapSpec{Name: "ifaces", Type: ebpf.Hash, KeySize: 4,
-		ValueSize: uint32(binary.Size(xdp.NicIface{})), MaxEntries: 64}
+		ValueSize: uint32(binary.Size(xdp.Iface{})), MaxEntries: 64}
 	repl, err := fillReplacement("ifaces", spec, old, migrations(DefaultOptions(), nil)["ifaces"], slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer repl.m.Close()
-	var got xdp.NicIface
+	var got xdp.Iface
 	if err := repl.m.Lookup(uint32(7), &got); err != nil || got.Addr != addr || got.ExtraCount != 0 || repl.copied != 1 {
 		t.Errorf("interface 7 after the copy: %+v (%v), %d copied; want address %#x and no extra ones", got, err, repl.copied, addr)
 	}
@@ -162,7 +162,7 @@ func TestInterfacesOfAnOlderLayoutAreCopied(t *testing.T) {
 func TestCountersCarryOverIntoALargerArray(t *testing.T) {
 	spec := func(n uint32) *ebpf.MapSpec {
 		return &ebpf.MapSpec{Name: "stats", Type: ebpf.PerCPUArray, KeySize: 4,
-			ValueSize: uint32(binary.Size(xdp.NicCounter{})), MaxEntries: n}
+			ValueSize: uint32(binary.Size(xdp.Counter{})), MaxEntries: n}
 	}
 	old, err := ebpf.NewMap(spec(3))
 	if err != nil {
@@ -173,10 +173,10 @@ func TestCountersCarryOverIntoALargerArray(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counts := func(i uint32) []xdp.NicCounter {
-		v := make([]xdp.NicCounter, cpus)
+	counts := func(i uint32) []xdp.Counter {
+		v := make([]xdp.Counter, cpus)
 		for c := range v {
-			v[c] = xdp.NicCounter{Packets: uint64(100*i + uint32(c) + 1), Bytes: uint64(1000 * (i + 1))}
+			v[c] = xdp.Counter{Packets: uint64(100*i + uint32(c) + 1), Bytes: uint64(1000 * (i + 1))}
 		}
 		return v
 	}
@@ -194,11 +194,11 @@ func TestCountersCarryOverIntoALargerArray(t *testing.T) {
 		t.Errorf("%d counters copied, want 3", repl.copied)
 	}
 	for i := range uint32(5) {
-		var got []xdp.NicCounter
+		var got []xdp.Counter
 		if err := repl.m.Lookup(i, &got); err != nil {
 			t.Fatal(err)
 		}
-		want := make([]xdp.NicCounter, cpus)
+		want := make([]xdp.Counter, cpus)
 		if i < 3 {
 			want = counts(i)
 		}
@@ -243,8 +243,8 @@ func TestShrunkConntrackKeepsRecentFlows(t *testing.T) {
 			}
 			// The flows seen last are those of the highest numbers.
 			oldestKept := c.flows - min(c.flows, c.to)
-			var key xdp.NicCtKey
-			var e xdp.NicCtEntry
+			var key xdp.CtKey
+			var e xdp.CtEntry
 			kept, stale := 0, 0
 			iter := to.Iterate()
 			for iter.Next(&key, &e) {

@@ -115,9 +115,9 @@ type SYNCookieMode uint32
 
 // The SYN cookie modes: enum syn_cookie_mode in xdp/include/maps.h.
 const (
-	SYNCookiesOff    = SYNCookieMode(xdp.NicSynCookieModeSYN_COOKIES_OFF)
-	SYNCookiesAuto   = SYNCookieMode(xdp.NicSynCookieModeSYN_COOKIES_AUTO)
-	SYNCookiesAlways = SYNCookieMode(xdp.NicSynCookieModeSYN_COOKIES_ALWAYS)
+	SYNCookiesOff    = SYNCookieMode(xdp.SynCookieModeSYN_COOKIES_OFF)
+	SYNCookiesAuto   = SYNCookieMode(xdp.SynCookieModeSYN_COOKIES_AUTO)
+	SYNCookiesAlways = SYNCookieMode(xdp.SynCookieModeSYN_COOKIES_ALWAYS)
 )
 
 var synCookieModeNames = map[SYNCookieMode]string{
@@ -159,7 +159,7 @@ var DefaultSNATPorts = xdp.SNATPorts{{Min: 1024, Max: 29999}, {Min: 40000, Max: 
 
 // MaxSNATExtraAddrs is how many extra SNAT addresses there may be
 // (IFACE_EXTRA_ADDRS in xdp/include/maps.h).
-const MaxSNATExtraAddrs = len(xdp.NicIface{}.ExtraAddrs)
+const MaxSNATExtraAddrs = len(xdp.Iface{}.ExtraAddrs)
 
 // DefaultSNATPortsBeside is DefaultSNATPorts less the ports of a NodePort
 // range other than the default one: the two largest pieces left.

@@ -91,7 +91,7 @@ func TestResizeKeepsWhatTheControlPlaneWrote(t *testing.T) {
 			if got, err := d.ServiceNames(); err != nil || got[2] != "default/web:http" {
 				t.Errorf("service names after the resize %v (%v)", got, err)
 			}
-			var b xdp.NicBackend
+			var b xdp.Backend
 			if err := dp.Maps.Backends.Lookup(uint32(5), &b); err != nil || dp.Maps.Backends.MaxEntries() != opts.BackendsMax {
 				t.Errorf("backends array: %d entries (%v), want %d", dp.Maps.Backends.MaxEntries(), err, opts.BackendsMax)
 			}
@@ -246,8 +246,8 @@ func TestFailedResizeLeavesThePinsAsTheyWere(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer running.Close()
-	before := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
-	if err := running.Maps.Conntrack.Put(before, xdp.NicCtEntry{BackendId: 7}); err != nil {
+	before := xdp.CtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
+	if err := running.Maps.Conntrack.Put(before, xdp.CtEntry{BackendId: 7}); err != nil {
 		t.Fatal(err)
 	}
 	// Something that is not a map where svc_stats, which a larger
@@ -275,8 +275,8 @@ func TestFailedResizeLeavesThePinsAsTheyWere(t *testing.T) {
 	}
 
 	// The running datapath tracks a flow meanwhile.
-	meanwhile := xdp.NicCtKey{Saddr: 5, Daddr: 2, Sport: 6, Dport: 80, Proto: 6}
-	if err := running.Maps.Conntrack.Put(meanwhile, xdp.NicCtEntry{BackendId: 8}); err != nil {
+	meanwhile := xdp.CtKey{Saddr: 5, Daddr: 2, Sport: 6, Dport: 80, Proto: 6}
+	if err := running.Maps.Conntrack.Put(meanwhile, xdp.CtEntry{BackendId: 8}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(bad); err != nil {
@@ -290,8 +290,8 @@ func TestFailedResizeLeavesThePinsAsTheyWere(t *testing.T) {
 	if got := dp.Maps.Conntrack.MaxEntries(); got != bigger.ConntrackMax {
 		t.Fatalf("conntrack has %d entries, want %d", got, bigger.ConntrackMax)
 	}
-	for key, backend := range map[xdp.NicCtKey]uint32{before: 7, meanwhile: 8} {
-		var e xdp.NicCtEntry
+	for key, backend := range map[xdp.CtKey]uint32{before: 7, meanwhile: 8} {
+		var e xdp.CtEntry
 		if err := dp.Maps.Conntrack.Lookup(key, &e); err != nil || e.BackendId != backend {
 			t.Errorf("flow %+v in the resized conntrack: %+v (%v), want backend %d", key, e, err, backend)
 		}

@@ -111,8 +111,8 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 			bigger := opts
 			bigger.ConntrackMax, bigger.NATMax = 2*opts.ConntrackMax, 2*opts.NATMax
 			bigger.UDPTimeout = 2 * opts.UDPTimeout
-			flow := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
-			meanwhile := xdp.NicCtKey{Saddr: 5, Daddr: 2, Sport: 6, Dport: 80, Proto: 6}
+			flow := xdp.CtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
+			meanwhile := xdp.CtKey{Saddr: 5, Daddr: 2, Sport: 6, Dport: 80, Proto: 6}
 
 			// Runs in the namespace's thread: failures are returned.
 			var running *loader.Datapath
@@ -129,12 +129,12 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 						return err
 					}
 				}
-				return running.Maps.Conntrack.Put(flow, xdp.NicCtEntry{BackendId: 7})
+				return running.Maps.Conntrack.Put(flow, xdp.CtEntry{BackendId: 7})
 			}); err != nil {
 				t.Fatal(err)
 			}
 			defer running.Close()
-			var config xdp.NicDatapathConfig
+			var config xdp.DatapathConfig
 			if err := running.Maps.Config.Lookup(uint32(0), &config); err != nil {
 				t.Fatal(err)
 			}
@@ -166,15 +166,15 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 			if got := loadertest.LinkPrograms(t, root); !maps.Equal(got, progs) {
 				t.Errorf("after the failed start, the pinned links run %v; want those before: %v", got, progs)
 			}
-			var after xdp.NicDatapathConfig
+			var after xdp.DatapathConfig
 			if err := running.Maps.Config.Lookup(uint32(0), &after); err != nil || after != config {
 				t.Errorf("config after the failed start %+v (%v), want the earlier one %+v", after, err, config)
 			}
-			var e xdp.NicCtEntry
+			var e xdp.CtEntry
 			if err := running.Maps.Conntrack.Lookup(flow, &e); err != nil || e.BackendId != 7 {
 				t.Errorf("the earlier conntrack after the failed start: %+v (%v), want backend 7", e, err)
 			}
-			if err := running.Maps.Conntrack.Put(meanwhile, xdp.NicCtEntry{BackendId: 8}); err != nil {
+			if err := running.Maps.Conntrack.Put(meanwhile, xdp.CtEntry{BackendId: 8}); err != nil {
 				t.Fatal(err)
 			}
 
@@ -210,8 +210,8 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 				if got := dp.Maps.Conntrack.MaxEntries(); got != bigger.ConntrackMax {
 					t.Errorf("conntrack of %d entries, want %d", got, bigger.ConntrackMax)
 				}
-				for key, backend := range map[xdp.NicCtKey]uint32{flow: 7, meanwhile: 8} {
-					var e xdp.NicCtEntry
+				for key, backend := range map[xdp.CtKey]uint32{flow: 7, meanwhile: 8} {
+					var e xdp.CtEntry
 					if err := dp.Maps.Conntrack.Lookup(key, &e); err != nil || e.BackendId != backend {
 						t.Errorf("flow %+v in the resized conntrack: %+v (%v), want backend %d", key, e, err, backend)
 					}

@@ -29,7 +29,7 @@ func TestInterfaceRecordsItsExtraSNATAddresses(t *testing.T) {
 	opts.SNATExtraAddrs[3] = netip.MustParseAddr("198.51.100.9") // on no interface
 	recorded := func(dp *loader.Datapath) ([]netip.Addr, error) {
 		var idx uint32
-		var iface xdp.NicIface
+		var iface xdp.Iface
 		var out []netip.Addr
 		it := dp.Maps.Ifaces.Iterate()
 		for it.Next(&idx, &iface) {

@@ -404,14 +404,14 @@ func benchService(n int) service {
 
 func addFrontends(b *testing.B, f *fixture, n int) {
 	b.Helper()
-	keys := make([]xdp.NicFrontendKey, 0, n)
-	vals := make([]xdp.NicFrontend, 0, n)
+	keys := make([]xdp.FrontendKey, 0, n)
+	vals := make([]xdp.Frontend, 0, n)
 	for i := 0; i < n; i++ {
-		keys = append(keys, xdp.NicFrontendKey{
+		keys = append(keys, xdp.FrontendKey{
 			Addr: xdp.AddrToNet(netip.AddrFrom4([4]byte{172, 16, byte(i >> 8), byte(i)})),
 			Port: xdp.PortToNet(uint16(1000 + i%1000)), Proto: packet.TCP,
 		})
-		vals = append(vals, xdp.NicFrontend{SvcId: 1, TableId: 1, Flags: dataplane.FrontendExternal})
+		vals = append(vals, xdp.Frontend{SvcId: 1, TableId: 1, Flags: dataplane.FrontendExternal})
 	}
 	for start := 0; start < n; start += 8192 {
 		end := min(start+8192, n)
@@ -446,7 +446,7 @@ func fillConntrack(b *testing.B, f *fixture, n int) {
 	b.Helper()
 	fillFlows(b, f.dp.Maps.Conntrack, n, 0)
 	unconfirmed := f.dp.Maps.CtUnconfirmed
-	fillFlows(b, unconfirmed, int(unconfirmed.MaxEntries()), uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED))
+	fillFlows(b, unconfirmed, int(unconfirmed.MaxEntries()), uint8(xdp.CtFlagsCT_F_UNCONFIRMED))
 }
 
 // fillFlows inserts n idle flows into a table of flows (conntrack or
@@ -461,15 +461,15 @@ func fillFlows(b *testing.B, table *ebpf.Map, n int, flags uint8) {
 	}
 	for start := 0; start < n; start += batch {
 		m := min(batch, n-start)
-		keys := make([]xdp.NicCtKey, m)
-		vals := make([]xdp.NicCtEntry, m)
+		keys := make([]xdp.CtKey, m)
+		vals := make([]xdp.CtEntry, m)
 		for i := range keys {
 			c := uint32(start + i)
-			keys[i] = xdp.NicCtKey{
+			keys[i] = xdp.CtKey{
 				Saddr: xdp.AddrToNet(netip.AddrFrom4([4]byte{100, byte(64 + c>>24&0x3f), byte(c >> 16), byte(c >> 8)})),
 				Daddr: xdp.AddrToNet(nodeAddr), Sport: xdp.PortToNet(uint16(c)), Dport: xdp.PortToNet(uint16(port)), Proto: packet.TCP,
 			}
-			vals[i] = xdp.NicCtEntry{CreatedNs: now, LastSeenNs: now, BackendId: 100, SvcId: 1,
+			vals[i] = xdp.CtEntry{CreatedNs: now, LastSeenNs: now, BackendId: 100, SvcId: 1,
 				BackendAddr: xdp.AddrToNet(remotePod1), BackendPort: xdp.PortToNet(podPort), Flags: flags}
 		}
 		if _, err := table.BatchUpdate(keys, vals, nil); err != nil {

@@ -7,7 +7,7 @@
 //   - baseline.c: reference programs for benchmarks and the perf suite.
 //
 // include/maps.h is the schema of all shared state; the Go types in this
-// package (NicFrontendKey, NicCtEntry, ...) are generated from it. This
+// package (FrontendKey, CtEntry, ...) are generated from it. This
 // package also carries the Go side of the datapath's conventions, such as
 // FlowHash and the names of the counters.
 package xdp

@@ -167,7 +167,7 @@ func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32, fopts ...f
 				}
 			}
 			if dev.addr.IsValid() {
-				if err := dp.Maps.Ifaces.Put(idx, xdp.NicIface{Addr: xdp.AddrToNet(dev.addr)}); err != nil {
+				if err := dp.Maps.Ifaces.Put(idx, xdp.Iface{Addr: xdp.AddrToNet(dev.addr)}); err != nil {
 					return err
 				}
 			}
@@ -183,7 +183,7 @@ func newFixtureSized(t testing.TB, conntrackMax, frontendsMax uint32, fopts ...f
 // setTimeouts rewrites the datapath's conntrack timeouts.
 func (f *fixture) setTimeouts(tcpEst, tcpTransient, udp time.Duration) {
 	f.t.Helper()
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 		f.t.Fatal(err)
 	}
@@ -351,7 +351,7 @@ func (f *fixture) reverseEntries() int {
 
 // reverseByTuple reads the reverse half of a flow without SNAT by its reply
 // tuple, from nat or else nat_unconfirmed, as the TC programs find it.
-func (f *fixture) reverseByTuple(k xdp.NicNatKey, rev *xdp.NicNatEntry) error {
+func (f *fixture) reverseByTuple(k xdp.NatKey, rev *xdp.NatEntry) error {
 	err := f.dp.Maps.NAT.Lookup(k, rev)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		err = f.dp.Maps.NATUnconfirmed.Lookup(k, rev)
@@ -362,7 +362,7 @@ func (f *fixture) reverseByTuple(k xdp.NicNatKey, rev *xdp.NicNatEntry) error {
 // deleteReverseByTuple deletes the reverse half of a flow without SNAT as
 // an eviction would, from nat and nat_unconfirmed; it fails when neither
 // held it.
-func (f *fixture) deleteReverseByTuple(k xdp.NicNatKey) error {
+func (f *fixture) deleteReverseByTuple(k xdp.NatKey) error {
 	errNAT, errUnconfirmed := f.dp.Maps.NAT.Delete(k), f.dp.Maps.NATUnconfirmed.Delete(k)
 	if errNAT != nil && errUnconfirmed != nil {
 		return errors.Join(errNAT, errUnconfirmed)

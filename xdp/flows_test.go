@@ -423,7 +423,7 @@ func TestSNATPortFollowsItsFlow(t *testing.T) {
 	if back.Dst != clientAddr || back.DstPort != 6003 {
 		t.Fatalf("reply to the reused port went to %s:%d, want %s:6003", back.Dst, back.DstPort, clientAddr)
 	}
-	if found, _ := f.maps.UpdateReverse(first, func(*xdp.NicNatEntry) {}); found {
+	if found, _ := f.maps.UpdateReverse(first, func(*xdp.NatEntry) {}); found {
 		t.Fatalf("the evicted flow still has a reverse half")
 	}
 
@@ -444,7 +444,7 @@ func TestLockedSNATSlotIsSkipped(t *testing.T) {
 	f.program(oneRemoteBackend())
 	// The bucket's hand offers snatMin first: lock its slot.
 	index := f.snatSlotInFirstBucket(netip.AddrPortFrom(remotePod1, podPort), nic1Addr, packet.TCP, snatMin)
-	var slot xdp.NicSnatSlot
+	var slot xdp.SnatSlot
 	if err := f.dp.Maps.SNATSlots.Lookup(index, &slot); err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func TestRetransmittedSYNKeepsTheFlow(t *testing.T) {
 			if again.Backend != first.Backend || again.NAT != first.NAT {
 				t.Fatalf("retransmitted SYN moved the flow from %+v to %+v", first, again)
 			}
-			if found, err := f.maps.UpdateReverse(first, func(*xdp.NicNatEntry) {}); err != nil || !found {
+			if found, err := f.maps.UpdateReverse(first, func(*xdp.NatEntry) {}); err != nil || !found {
 				t.Fatalf("the flow lost its reverse half to the retransmitted SYN (%v)", err)
 			}
 			if n := f.reverseEntries(); n != 1 {
@@ -622,9 +622,9 @@ func TestBusySNATBucketRests(t *testing.T) {
 	f, two := sharedBucketFixture(t, ports)
 	frame := tcpFrame(clientAddr, 0, nodeAddr, 30100, packet.SYN, "")
 	toFirst, toSecond := sharedBucketClients(two, ports, 9)
-	hand := func() xdp.NicSnatBucketHand {
+	hand := func() xdp.SnatBucketHand {
 		t.Helper()
-		var h xdp.NicSnatBucketHand
+		var h xdp.SnatBucketHand
 		if err := f.dp.Maps.SNATBucketHands.Lookup(uint32(0), &h); err != nil {
 			t.Fatal(err)
 		}
@@ -690,14 +690,14 @@ func TestSNATReverseHalfInNATMapStillServes(t *testing.T) {
 	in, sent, flow := startSNATFlow(t, f)
 
 	// Move the reverse half from its slot into the NAT map.
-	var rev xdp.NicNatEntry
-	if _, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { rev = *e }); err != nil {
+	var rev xdp.NatEntry
+	if _, err := f.maps.UpdateReverse(flow, func(e *xdp.NatEntry) { rev = *e }); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.maps.DeleteReverse(flow); err != nil {
 		t.Fatal(err)
 	}
-	rk := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Daddr: xdp.AddrToNet(nic1Addr),
+	rk := xdp.NatKey{Saddr: xdp.AddrToNet(remotePod1), Daddr: xdp.AddrToNet(nic1Addr),
 		Sport: xdp.PortToNet(podPort), Dport: xdp.PortToNet(sent.SrcPort), Proto: packet.TCP}
 	if err := f.dp.Maps.NAT.Put(rk, rev); err != nil {
 		t.Fatal(err)
@@ -772,7 +772,7 @@ func TestFlowHalvesRepairEachOther(t *testing.T) {
 	}
 
 	// Lose the forward half: a reply restores it, with the same backend.
-	if err := f.dp.Maps.Conntrack.Delete(xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
+	if err := f.dp.Maps.Conntrack.Delete(xdp.CtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
 		Sport: xdp.PortToNet(in.SrcPort), Dport: xdp.PortToNet(nodePort), Proto: packet.TCP}); err != nil {
 		t.Fatal(err)
 	}
@@ -792,9 +792,9 @@ func TestStaleReplyIsDropped(t *testing.T) {
 	in, sent, flow := startSNATFlow(t, f)
 	// The client tuple now belongs to a flow to another backend.
 	key := flow.Key()
-	raw := xdp.NicCtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
+	raw := xdp.CtKey{Saddr: xdp.AddrToNet(clientAddr), Daddr: xdp.AddrToNet(nodeAddr),
 		Sport: xdp.PortToNet(in.SrcPort), Dport: xdp.PortToNet(nodePort), Proto: packet.TCP}
-	var e xdp.NicCtEntry
+	var e xdp.CtEntry
 	f.dp.Maps.Conntrack.Lookup(raw, &e)
 	e.BackendId, e.BackendAddr = 2, xdp.AddrToNet(remotePod2)
 	f.dp.Maps.Conntrack.Put(raw, e)
@@ -847,7 +847,7 @@ func TestPurgedFlowIsNotRebuiltByALateReply(t *testing.T) {
 func TestSNATFlowMovesIntoANewPortRange(t *testing.T) {
 	f := newFixture(t)
 	in, sent, flow := startSNATFlow(t, f)
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -1072,7 +1072,7 @@ func (f *fixture) ageFlowBy(k dataplane.FlowKey, d time.Duration) {
 	f.t.Helper()
 	raw := ctKeyOf(k)
 	for _, table := range []*ebpf.Map{f.dp.Maps.Conntrack, f.dp.Maps.CtUnconfirmed} {
-		var e xdp.NicCtEntry
+		var e xdp.CtEntry
 		if err := table.Lookup(raw, &e); err != nil {
 			continue
 		}
@@ -1123,10 +1123,10 @@ func TestBackendsFINOrRSTClosesTheFlow(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		flags uint8
-		state xdp.NicCtTcpState
+		state xdp.CtTcpState
 	}{
-		{"FIN", packet.FIN | packet.ACK, xdp.NicCtTcpStateCT_TCP_REPLY_FIN},
-		{"RST", packet.RST, xdp.NicCtTcpStateCT_TCP_RST},
+		{"FIN", packet.FIN | packet.ACK, xdp.CtTcpStateCT_TCP_REPLY_FIN},
+		{"RST", packet.RST, xdp.CtTcpStateCT_TCP_RST},
 		{"ACK: still open", packet.ACK, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1144,8 +1144,8 @@ func TestBackendsFINOrRSTClosesTheFlow(t *testing.T) {
 			key := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, in.SrcPort),
 				Frontend: netip.AddrPortFrom(nodeAddr, nodePort), Proto: packet.TCP}
 			e := f.mustFlow(key)
-			const closing = xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN | xdp.NicCtTcpStateCT_TCP_RST
-			if got := xdp.NicCtTcpState(e.TCPState) & closing; got != tc.state {
+			const closing = xdp.CtTcpStateCT_TCP_FIN | xdp.CtTcpStateCT_TCP_REPLY_FIN | xdp.CtTcpStateCT_TCP_RST
+			if got := xdp.CtTcpState(e.TCPState) & closing; got != tc.state {
 				t.Errorf("state bits %#x after the reply, want %#x", got, tc.state)
 			}
 			f.setTimeouts(time.Hour, 20*time.Millisecond, time.Hour)
@@ -1176,8 +1176,8 @@ func flowKeyOf(in packet.Frame) dataplane.FlowKey {
 }
 
 // ctKeyOf is a flow's conntrack key.
-func ctKeyOf(k dataplane.FlowKey) xdp.NicCtKey {
-	return xdp.NicCtKey{Saddr: xdp.AddrToNet(k.Client.Addr()), Daddr: xdp.AddrToNet(k.Frontend.Addr()),
+func ctKeyOf(k dataplane.FlowKey) xdp.CtKey {
+	return xdp.CtKey{Saddr: xdp.AddrToNet(k.Client.Addr()), Daddr: xdp.AddrToNet(k.Frontend.Addr()),
 		Sport: xdp.PortToNet(k.Client.Port()), Dport: xdp.PortToNet(k.Frontend.Port()), Proto: k.Proto}
 }
 
@@ -1190,7 +1190,7 @@ func (f *fixture) ageReverse(flow dataplane.Flow) {
 // ageReverseBy dates a flow's reverse half back by d.
 func (f *fixture) ageReverseBy(flow dataplane.Flow, d time.Duration) {
 	f.t.Helper()
-	found, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { e.LastSeenNs -= uint64(d) })
+	found, err := f.maps.UpdateReverse(flow, func(e *xdp.NatEntry) { e.LastSeenNs -= uint64(d) })
 	if err != nil || !found {
 		f.t.Fatalf("age reverse half of %+v: found %v, %v", flow, found, err)
 	}
@@ -1409,11 +1409,11 @@ func TestReplyTupleOfALiveFlowIsNotTakenOver(t *testing.T) {
 	svc.table = []uint32{3, 3, 3, 3, 3, 3, 3}
 	f.program(svc)
 	const clientPort = 7001
-	replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(podPort),
+	replyTuple := xdp.NatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(podPort),
 		Daddr: xdp.AddrToNet(clientAddr), Dport: xdp.PortToNet(clientPort), Proto: packet.TCP}
 	repliesLeaveAs := func(want netip.AddrPort) {
 		t.Helper()
-		var rev xdp.NicNatEntry
+		var rev xdp.NatEntry
 		if err := f.reverseByTuple(replyTuple, &rev); err != nil {
 			t.Fatalf("reverse half of the reply tuple: %v", err)
 		}
@@ -1521,11 +1521,11 @@ func TestClosedFlowYieldsItsReplyTupleToANewConnection(t *testing.T) {
 			svc.backends = map[uint32]dataplane.Backend{3: backendLocal}
 			svc.table = []uint32{3, 3, 3, 3, 3, 3, 3}
 			f.program(svc)
-			replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(podPort),
+			replyTuple := xdp.NatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(podPort),
 				Daddr: xdp.AddrToNet(clientAddr), Dport: xdp.PortToNet(clientPort), Proto: packet.TCP}
 			repliesLeaveAs := func(want netip.Addr) {
 				t.Helper()
-				var rev xdp.NicNatEntry
+				var rev xdp.NatEntry
 				if err := f.reverseByTuple(replyTuple, &rev); err != nil {
 					t.Fatalf("reverse half of the reply tuple: %v", err)
 				}
@@ -1623,7 +1623,7 @@ func TestReplyTupleTakenUDPIsDropped(t *testing.T) {
 		f.expectVerdict(f.run(toLB.Bytes(), f.nic0), xdpDrop)
 	})
 
-	replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(53),
+	replyTuple := xdp.NatKey{Saddr: xdp.AddrToNet(localPod), Sport: xdp.PortToNet(53),
 		Daddr: xdp.AddrToNet(clientAddr), Dport: xdp.PortToNet(clientPort), Proto: packet.UDP}
 	first := dataplane.FlowKey{Client: netip.AddrPortFrom(clientAddr, clientPort),
 		Frontend: netip.AddrPortFrom(nodeAddr, 30053), Proto: packet.UDP}
@@ -1666,8 +1666,8 @@ func TestEntriesStampedAfterTheClockWasReadAreLive(t *testing.T) {
 		first := decode(t, f.run(tcpFrame(farClient, 2000, lbIP, lbPort, packet.SYN, "").Bytes(), f.nic0).out)
 		// The client's entry, rewritten as another CPU would have left
 		// it: another backend, stamped after this program's clock.
-		akey := xdp.NicAffinityKey{SvcId: web.svcID, ClientAddr: xdp.AddrToNet(farClient)}
-		var aff xdp.NicAffinityEntry
+		akey := xdp.AffinityKey{SvcId: web.svcID, ClientAddr: xdp.AddrToNet(farClient)}
+		var aff xdp.AffinityEntry
 		if err := f.dp.Maps.Affinity.Lookup(akey, &aff); err != nil {
 			t.Fatal(err)
 		}

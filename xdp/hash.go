@@ -55,8 +55,8 @@ const SNATSlotLocked = 1 << 31
 // entry SNATHintNext counts the buckets handed out (enum snat_hints in
 // include/maps.h).
 const (
-	SNATBucketHints = uint32(NicSnatHintsSNAT_BUCKET_HINTS)
-	SNATHintNext    = uint32(NicSnatHintsSNAT_HINT_NEXT)
+	SNATBucketHints = uint32(SnatHintsSNAT_BUCKET_HINTS)
+	SNATHintNext    = uint32(SnatHintsSNAT_HINT_NEXT)
 )
 
 // SNATHint is the entry in snat_bucket_hints that says which bucket holds

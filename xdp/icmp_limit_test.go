@@ -150,7 +150,7 @@ func TestICMPBudgetLeftByALowerRate(t *testing.T) {
 			refuse(uint16(6000 + i))
 		}
 		// What a restart with --icmp-rate 1000 writes.
-		var cfg xdp.NicDatapathConfig
+		var cfg xdp.DatapathConfig
 		if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 			return err
 		}

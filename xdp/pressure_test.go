@@ -75,7 +75,7 @@ func (f *fixture) evictFlow(k dataplane.FlowKey) {
 func (f *fixture) ageFlowStart(k dataplane.FlowKey, d time.Duration) {
 	f.t.Helper()
 	for _, table := range []*ebpf.Map{f.dp.Maps.Conntrack, f.dp.Maps.CtUnconfirmed} {
-		var e xdp.NicCtEntry
+		var e xdp.CtEntry
 		if table.Lookup(ctKeyOf(k), &e) != nil {
 			continue
 		}
@@ -93,7 +93,7 @@ func (f *fixture) ageFlowStart(k dataplane.FlowKey, d time.Duration) {
 // ct_unconfirmed.
 func (f *fixture) inTable(k dataplane.FlowKey) (confirmed, unconfirmed bool) {
 	f.t.Helper()
-	var e xdp.NicCtEntry
+	var e xdp.CtEntry
 	confirmed = f.dp.Maps.Conntrack.Lookup(ctKeyOf(k), &e) == nil
 	unconfirmed = f.dp.Maps.CtUnconfirmed.Lookup(ctKeyOf(k), &e) == nil
 	return confirmed, unconfirmed
@@ -167,10 +167,10 @@ func TestFlowsAreConfirmedByTheirBackendsAnswer(t *testing.T) {
 			// The reverse half says the same, so that its replies take the
 			// fast path once the flow is confirmed.
 			var revFlags uint8
-			if found, err := f.maps.UpdateReverse(fl, func(e *xdp.NicNatEntry) { revFlags = e.Flags }); err != nil || !found {
+			if found, err := f.maps.UpdateReverse(fl, func(e *xdp.NatEntry) { revFlags = e.Flags }); err != nil || !found {
 				t.Fatalf("reverse half: found %v, %v", found, err)
 			}
-			if unmarked := revFlags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) == 0; unmarked != tc.wantConfirmed {
+			if unmarked := revFlags&uint8(xdp.CtFlagsCT_F_UNCONFIRMED) == 0; unmarked != tc.wantConfirmed {
 				t.Errorf("reverse half flags %#x, want confirmed %v", revFlags, tc.wantConfirmed)
 			}
 		})
@@ -418,7 +418,7 @@ type replyTuple struct {
 // was ended by the agent, or (TCP) closed.
 func expectUniqueReplyTuples(t testing.TB, f *fixture) {
 	t.Helper()
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 		t.Fatal(err)
 	}

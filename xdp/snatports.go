@@ -32,7 +32,7 @@ func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
 type SNATPorts [2]PortRange
 
 // SNATPortsOf reads the SNAT ports of a datapath configuration.
-func SNATPortsOf(cfg *NicDatapathConfig) SNATPorts {
+func SNATPortsOf(cfg *DatapathConfig) SNATPorts {
 	p := SNATPorts{{cfg.SnatPortMin, cfg.SnatPortMax}}
 	if cfg.SnatPort2Len > 0 {
 		p[1] = PortRange{cfg.SnatPort2Min, uint16(uint32(cfg.SnatPort2Min) + uint32(cfg.SnatPort2Len) - 1)}

@@ -189,7 +189,7 @@ func TestSNATFlowsSpreadOverExtraAddresses(t *testing.T) {
 	f := newFixture(t)
 	f.program(oneRemoteBackend())
 	extra := []netip.Addr{netip.MustParseAddr("10.1.0.7"), netip.MustParseAddr("10.1.0.8")}
-	iface := xdp.NicIface{Addr: xdp.AddrToNet(nic1Addr), ExtraCount: uint32(len(extra))}
+	iface := xdp.Iface{Addr: xdp.AddrToNet(nic1Addr), ExtraCount: uint32(len(extra))}
 	for i, a := range extra {
 		iface.ExtraAddrs[i] = xdp.AddrToNet(a)
 	}

@@ -144,7 +144,7 @@ func (f *fixture) hostSocketsCgroup() string {
 	}); err != nil {
 		f.t.Fatal(err)
 	}
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 		f.t.Fatal(err)
 	}

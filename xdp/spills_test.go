@@ -34,9 +34,9 @@ func snatSlotOf(t *testing.T, f *fixture, backend netip.AddrPort, natAddr netip.
 	return bucket, xdp.SNATSlot(bucket, port, opts.SNATPorts)
 }
 
-func (f *fixture) snatSlot(index uint32) xdp.NicSnatSlot {
+func (f *fixture) snatSlot(index uint32) xdp.SnatSlot {
 	f.t.Helper()
-	var slot xdp.NicSnatSlot
+	var slot xdp.SnatSlot
 	if err := f.dp.Maps.SNATSlots.Lookup(index, &slot); err != nil {
 		f.t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func (f *fixture) snatSlot(index uint32) xdp.NicSnatSlot {
 func (f *fixture) offerNext(bucket uint32, port uint16) {
 	f.t.Helper()
 	offset, _ := f.dp.Options().SNATPorts.Offset(port)
-	hand := xdp.NicSnatBucketHand{Next: offset}
+	hand := xdp.SnatBucketHand{Next: offset}
 	if err := f.dp.Maps.SNATBucketHands.Put(bucket, hand); err != nil {
 		f.t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func (f *fixture) offerNext(bucket uint32, port uint16) {
 
 func (f *fixture) setSpillsMarked(marked bool) {
 	f.t.Helper()
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 		f.t.Fatal(err)
 	}
@@ -71,16 +71,16 @@ func (f *fixture) setSpillsMarked(marked bool) {
 // spill moves a SNAT flow's reverse half from its slot into the nat map,
 // as an older datapath that did not mark spills could have left it, and
 // returns its reply tuple.
-func (f *fixture) spill(flow dataplane.Flow) xdp.NicNatKey {
+func (f *fixture) spill(flow dataplane.Flow) xdp.NatKey {
 	f.t.Helper()
-	var rev xdp.NicNatEntry
-	if found, err := f.maps.UpdateReverse(flow, func(e *xdp.NicNatEntry) { rev = *e }); err != nil || !found {
+	var rev xdp.NatEntry
+	if found, err := f.maps.UpdateReverse(flow, func(e *xdp.NatEntry) { rev = *e }); err != nil || !found {
 		f.t.Fatalf("flow %+v has no reverse half: %v", flow, err)
 	}
 	if err := f.maps.DeleteReverse(flow); err != nil {
 		f.t.Fatal(err)
 	}
-	rk := xdp.NicNatKey{Saddr: xdp.AddrToNet(flow.Backend.Addr()), Sport: xdp.PortToNet(flow.Backend.Port()),
+	rk := xdp.NatKey{Saddr: xdp.AddrToNet(flow.Backend.Addr()), Sport: xdp.PortToNet(flow.Backend.Port()),
 		Daddr: xdp.AddrToNet(flow.NAT.Addr()), Dport: xdp.PortToNet(flow.NAT.Port()), Proto: flow.Proto}
 	if err := f.dp.Maps.NAT.Put(rk, rev); err != nil {
 		f.t.Fatal(err)
@@ -105,12 +105,12 @@ func TestSpillMarksItsSlot(t *testing.T) {
 	second := netip.AddrPortFrom(remotePod2, podPort)
 	bucket, index := snatSlotOf(t, f, second, sent.Src, sent.SrcPort)
 	slot := f.snatSlot(index)
-	if slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
+	if slot.Flags&uint32(xdp.SnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
 		t.Fatalf("slot of spilled port %d has flags %#x, want it marked", sent.SrcPort, slot.Flags)
 	}
-	spilled := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod2), Sport: xdp.PortToNet(podPort),
+	spilled := xdp.NatKey{Saddr: xdp.AddrToNet(remotePod2), Sport: xdp.PortToNet(podPort),
 		Daddr: xdp.AddrToNet(sent.Src), Dport: xdp.PortToNet(sent.SrcPort), Proto: packet.TCP}
-	var rev xdp.NicNatEntry
+	var rev xdp.NatEntry
 	if err := f.dp.Maps.NAT.Lookup(spilled, &rev); err != nil {
 		t.Fatalf("the second backend's flow is not in the nat map: %v", err)
 	}
@@ -225,7 +225,7 @@ func oldSpillFixture(t *testing.T) (f *fixture, in, sent packet.Frame, flow data
 
 func (f *fixture) expectSpillMark(index uint32, by string) {
 	f.t.Helper()
-	if slot := f.snatSlot(index); slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
+	if slot := f.snatSlot(index); slot.Flags&uint32(xdp.SnatSlotFlagsSNAT_SLOT_SPILLED) == 0 {
 		f.t.Fatalf("%s left its spill's slot unmarked (flags %#x)", by, slot.Flags)
 	}
 }
@@ -279,7 +279,7 @@ func TestEndedFlowsUnmarkedSpillIsDeleted(t *testing.T) {
 	if trusted, deleted, err := f.maps.TrustSNATSpillMarks(); err != nil || !trusted || deleted != 1 {
 		t.Fatalf("trusted %v, %d spills deleted, %v; want trusted and the ended flow's spill deleted", trusted, deleted, err)
 	}
-	var rev xdp.NicNatEntry
+	var rev xdp.NatEntry
 	if err := f.dp.Maps.NAT.Lookup(rk, &rev); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("the ended flow's spill is still in the nat map (%v)", err)
 	}
@@ -307,7 +307,7 @@ func TestSpillShadowedByItsSlotMovesPort(t *testing.T) {
 			t.Fatalf("the flow still leaves from SNAT port %d, whose replies go to another flow", out.SrcPort)
 		}
 	})
-	var rev xdp.NicNatEntry
+	var rev xdp.NatEntry
 	if err := f.dp.Maps.NAT.Lookup(rk, &rev); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("the shadowed spill is still in the nat map (%v)", err)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 )
 
-// StatNames returns the datapath counter names indexed by NicStat, taken
+// StatNames returns the datapath counter names indexed by Stat, taken
 // from the enum in the embedded object's BTF so they can never drift from
 // the C source: "STAT_DROP_NAT_EXHAUSTED" becomes "drop_nat_exhausted".
 func StatNames() ([]string, error) {
@@ -19,9 +19,9 @@ func StatNames() ([]string, error) {
 	if err := spec.Types.TypeByName("stat", &enum); err != nil {
 		return nil, fmt.Errorf("enum stat in BTF: %w", err)
 	}
-	names := make([]string, NicStatSTAT_MAX)
+	names := make([]string, StatSTAT_MAX)
 	for _, v := range enum.Values {
-		if v.Value >= uint64(NicStatSTAT_MAX) {
+		if v.Value >= uint64(StatSTAT_MAX) {
 			continue
 		}
 		names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "STAT_"))

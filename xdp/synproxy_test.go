@@ -17,7 +17,7 @@ import (
 // setSYNCookies rewrites the datapath's SYN cookie mode and threshold.
 func (f *fixture) setSYNCookies(mode loader.SYNCookieMode, threshold uint32) {
 	f.t.Helper()
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := f.dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 		f.t.Fatal(err)
 	}

@@ -221,7 +221,7 @@ func TestPodFlowWithATakenReplyTupleIsReset(t *testing.T) {
 
 	// The first flow's reverse half is evicted and the second flow takes
 	// the tuple: the first ends at its next check, with a RST too.
-	replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(remotePod1), Sport: xdp.PortToNet(backendRemote1.Port),
+	replyTuple := xdp.NatKey{Saddr: xdp.AddrToNet(remotePod1), Sport: xdp.PortToNet(backendRemote1.Port),
 		Daddr: xdp.AddrToNet(podAddr), Dport: xdp.PortToNet(first.SrcPort), Proto: packet.TCP}
 	if err := f.deleteReverseByTuple(replyTuple); err != nil {
 		t.Fatal(err)

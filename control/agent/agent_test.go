@@ -195,7 +195,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 	cfg := fileConfig(t, "edge0")
 	cfg.PodInterfaces = "pod0"
 	root := cfg.Datapath.PinRoot
-	flow := xdp.NicCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
+	flow := xdp.CtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
 
 	// The pinned maps' ids and the programs the pinned links run.
 	pins := func() (map[string]ebpf.MapID, map[string]ebpf.ProgramID) {
@@ -209,7 +209,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 			return fmt.Errorf("earlier agent: %w", err)
 		}
 		defer a.Close()
-		return a.dp.Maps.Conntrack.Put(flow, xdp.NicCtEntry{BackendId: 7})
+		return a.dp.Maps.Conntrack.Put(flow, xdp.CtEntry{BackendId: 7})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +262,7 @@ func TestFailedStartLeavesTheEarlierDatapath(t *testing.T) {
 			return fmt.Errorf("next agent: %w", err)
 		}
 		defer a.Close()
-		var e xdp.NicCtEntry
+		var e xdp.CtEntry
 		if err := a.dp.Maps.Conntrack.Lookup(flow, &e); err != nil || e.BackendId != 7 ||
 			a.dp.Maps.Conntrack.MaxEntries() != bigger.Datapath.ConntrackMax {
 			t.Errorf("the next start's conntrack of %d entries holds %+v (%v), want the flow to backend 7",

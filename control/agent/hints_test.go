@@ -26,7 +26,7 @@ import (
 func TestAgentReleasesSNATHintsOfDepartedBackends(t *testing.T) {
 	opts, dp := loadSmallDatapath(t)
 	nodeAddr := netip.MustParseAddr("192.0.2.1")
-	if err := dp.Maps.Ifaces.Put(uint32(1), xdp.NicIface{Addr: xdp.AddrToNet(nodeAddr)}); err != nil {
+	if err := dp.Maps.Ifaces.Put(uint32(1), xdp.Iface{Addr: xdp.AddrToNet(nodeAddr)}); err != nil {
 		t.Fatal(err)
 	}
 	staying, leaving, gone := "10.244.1.10", "10.244.1.11", "10.244.9.9"
@@ -166,7 +166,7 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 	opts, dp := loadSmallDatapath(t)
 	marked := func() bool {
 		t.Helper()
-		var cfg xdp.NicDatapathConfig
+		var cfg xdp.DatapathConfig
 		if err := dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 			t.Fatal(err)
 		}
@@ -183,18 +183,18 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 	frontend := netip.MustParseAddrPort("192.0.2.1:30080")
 	backend := netip.MustParseAddrPort("10.244.1.10:8080")
 	snat := netip.AddrPortFrom(frontend.Addr(), opts.SNATPorts[0].Min)
-	owner := xdp.NicCtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
+	owner := xdp.CtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
 		Daddr: xdp.AddrToNet(frontend.Addr()), Dport: xdp.PortToNet(frontend.Port()), Proto: dataplane.TCP}
-	flags := uint8(xdp.NicCtFlagsCT_F_SNAT | xdp.NicCtFlagsCT_F_EXTERNAL)
-	if err := dp.Maps.Conntrack.Put(owner, xdp.NicCtEntry{LastSeenNs: uint64(dataplane.Now()), SvcId: 1,
+	flags := uint8(xdp.CtFlagsCT_F_SNAT | xdp.CtFlagsCT_F_EXTERNAL)
+	if err := dp.Maps.Conntrack.Put(owner, xdp.CtEntry{LastSeenNs: uint64(dataplane.Now()), SvcId: 1,
 		BackendAddr: xdp.AddrToNet(backend.Addr()), BackendPort: xdp.PortToNet(backend.Port()),
 		NatAddr: xdp.AddrToNet(snat.Addr()), NatPort: xdp.PortToNet(snat.Port()), Flags: flags,
-		TcpState: uint8(xdp.NicCtTcpStateCT_TCP_SYN | xdp.NicCtTcpStateCT_TCP_ESTABLISHED)}); err != nil {
+		TcpState: uint8(xdp.CtTcpStateCT_TCP_SYN | xdp.CtTcpStateCT_TCP_ESTABLISHED)}); err != nil {
 		t.Fatal(err)
 	}
-	spill := xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
+	spill := xdp.NatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
 		Daddr: xdp.AddrToNet(snat.Addr()), Dport: xdp.PortToNet(snat.Port()), Proto: dataplane.TCP}
-	if err := dp.Maps.NAT.Put(spill, xdp.NicNatEntry{ClientAddr: owner.Saddr, ClientPort: owner.Sport,
+	if err := dp.Maps.NAT.Put(spill, xdp.NatEntry{ClientAddr: owner.Saddr, ClientPort: owner.Sport,
 		FrontendAddr: owner.Daddr, FrontendPort: owner.Dport, Flags: flags}); err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestAgentTrustsSNATSpillMarks(t *testing.T) {
 			t.Fatal("spill marks not trusted 30 s after the flow ended")
 		}
 	}
-	var rev xdp.NicNatEntry
+	var rev xdp.NatEntry
 	if err := dp.Maps.NAT.Lookup(spill, &rev); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("the ended flow's spill is still in the NAT map (%v)", err)
 	}

@@ -126,7 +126,7 @@ func TestRestartAttachesToTheListedInterfacesOnly(t *testing.T) {
 					keys func() ([]uint32, error)
 				}{
 					{"tx_ports", func() ([]uint32, error) { return mapKeys[uint32](a.dp.Maps.TxPorts.Iterate()) }},
-					{"ifaces", func() ([]uint32, error) { return mapKeys[xdp.NicIface](a.dp.Maps.Ifaces.Iterate()) }},
+					{"ifaces", func() ([]uint32, error) { return mapKeys[xdp.Iface](a.dp.Maps.Ifaces.Iterate()) }},
 				} {
 					got, err := m.keys()
 					if err != nil {

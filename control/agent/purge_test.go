@@ -317,7 +317,7 @@ func TestAgentKeepsFlowsOfARenamedPort(t *testing.T) {
 
 	// An established SNAT flow to each backend, its reply tuple in the
 	// slot of its SNAT port.
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := dp.Maps.Config.Lookup(uint32(0), &cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -325,23 +325,23 @@ func TestAgentKeepsFlowsOfARenamedPort(t *testing.T) {
 	for i, backend := range []netip.AddrPort{kept, gone} {
 		client := netip.AddrPortFrom(netip.MustParseAddr("198.51.100.7"), 40000+uint16(i))
 		snat := netip.AddrPortFrom(frontend.Addr(), cfg.SnatPortMin+uint16(i))
-		key := xdp.NicCtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
+		key := xdp.CtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
 			Daddr: xdp.AddrToNet(frontend.Addr()), Dport: xdp.PortToNet(frontend.Port()), Proto: dataplane.TCP}
-		flags := uint8(xdp.NicCtFlagsCT_F_SNAT | xdp.NicCtFlagsCT_F_EXTERNAL)
+		flags := uint8(xdp.CtFlagsCT_F_SNAT | xdp.CtFlagsCT_F_EXTERNAL)
 		now := uint64(dataplane.Now())
-		if err := dp.Maps.Conntrack.Put(key, xdp.NicCtEntry{CreatedNs: now, LastSeenNs: now, SvcId: fe.SvcID,
+		if err := dp.Maps.Conntrack.Put(key, xdp.CtEntry{CreatedNs: now, LastSeenNs: now, SvcId: fe.SvcID,
 			BackendId: ids[backend], BackendAddr: xdp.AddrToNet(backend.Addr()), BackendPort: xdp.PortToNet(backend.Port()),
 			NatAddr: xdp.AddrToNet(snat.Addr()), NatPort: xdp.PortToNet(snat.Port()), Flags: flags,
-			TcpState: uint8(xdp.NicCtTcpStateCT_TCP_SYN | xdp.NicCtTcpStateCT_TCP_ESTABLISHED)}); err != nil {
+			TcpState: uint8(xdp.CtTcpStateCT_TCP_SYN | xdp.CtTcpStateCT_TCP_ESTABLISHED)}); err != nil {
 			t.Fatal(err)
 		}
 		if err := dp.Maps.SNATBucketHints.Put(xdp.SNATHint(backend, snat.Addr(), dataplane.TCP), uint32(1)); err != nil {
 			t.Fatal(err)
 		}
-		slot := xdp.NicSnatSlot{
-			Key: xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
+		slot := xdp.SnatSlot{
+			Key: xdp.NatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
 				Daddr: xdp.AddrToNet(snat.Addr()), Dport: xdp.PortToNet(snat.Port()), Proto: dataplane.TCP},
-			Rev: xdp.NicNatEntry{LastSeenNs: now, ClientAddr: key.Saddr, ClientPort: key.Sport, FrontendAddr: key.Daddr,
+			Rev: xdp.NatEntry{LastSeenNs: now, ClientAddr: key.Saddr, ClientPort: key.Sport, FrontendAddr: key.Daddr,
 				FrontendPort: key.Dport, BackendId: ids[backend], SvcId: fe.SvcID, Flags: flags},
 			Generation: 1,
 		}

@@ -173,7 +173,7 @@ func TestFailedStartReleasesSNATPortsOnlyWhenFresh(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var dc xdp.NicDatapathConfig
+				var dc xdp.DatapathConfig
 				err = m.Config.Lookup(uint32(0), &dc)
 				m.Close()
 				if err != nil || xdp.SNATPortsOf(&dc) != opts.SNATPorts {

@@ -26,11 +26,11 @@ type AffinityEntry struct {
 // afresh) is kept.
 func (d *Dataplane) DeleteAffinities(stale func(AffinityEntry) bool) (int, error) {
 	type walked struct {
-		key   xdp.NicAffinityKey
-		value xdp.NicAffinityEntry
+		key   xdp.AffinityKey
+		value xdp.AffinityEntry
 	}
 	var found []walked
-	err := eachEntry(d.m.Affinity, func(k xdp.NicAffinityKey, v xdp.NicAffinityEntry) bool {
+	err := eachEntry(d.m.Affinity, func(k xdp.AffinityKey, v xdp.AffinityEntry) bool {
 		e := AffinityEntry{SvcID: k.SvcId, Client: xdp.NetToAddr(k.ClientAddr), BackendID: v.BackendId,
 			Backend: netip.AddrPortFrom(xdp.NetToAddr(v.BackendAddr), xdp.NetToPort(v.BackendPort))}
 		if stale(e) {
@@ -43,7 +43,7 @@ func (d *Dataplane) DeleteAffinities(stale func(AffinityEntry) bool) (int, error
 	}
 	n := 0
 	for _, w := range found {
-		var now xdp.NicAffinityEntry
+		var now xdp.AffinityEntry
 		err := d.m.Affinity.Lookup(w.key, &now)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue

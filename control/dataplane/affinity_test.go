@@ -15,12 +15,12 @@ func TestDeleteAffinitiesKeepsAnEntryChangedAfterTheWalk(t *testing.T) {
 	dp, d := loadSmall(t, nil)
 	gone := netip.MustParseAddrPort("10.244.1.10:8080")
 	live := netip.MustParseAddrPort("10.244.1.20:8080")
-	entryFor := func(id uint32, b netip.AddrPort) xdp.NicAffinityEntry {
-		return xdp.NicAffinityEntry{BackendId: id, BackendAddr: xdp.AddrToNet(b.Addr()), BackendPort: xdp.PortToNet(b.Port())}
+	entryFor := func(id uint32, b netip.AddrPort) xdp.AffinityEntry {
+		return xdp.AffinityEntry{BackendId: id, BackendAddr: xdp.AddrToNet(b.Addr()), BackendPort: xdp.PortToNet(b.Port())}
 	}
-	changed := xdp.NicAffinityKey{SvcId: 1, ClientAddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1"))}
-	unchanged := xdp.NicAffinityKey{SvcId: 1, ClientAddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.2"))}
-	for _, k := range []xdp.NicAffinityKey{changed, unchanged} {
+	changed := xdp.AffinityKey{SvcId: 1, ClientAddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1"))}
+	unchanged := xdp.AffinityKey{SvcId: 1, ClientAddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.2"))}
+	for _, k := range []xdp.AffinityKey{changed, unchanged} {
 		if err := dp.Maps.Affinity.Put(k, entryFor(7, gone)); err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestDeleteAffinitiesKeepsAnEntryChangedAfterTheWalk(t *testing.T) {
 	if n != 1 {
 		t.Errorf("deleted %d entries, want 1", n)
 	}
-	var e xdp.NicAffinityEntry
+	var e xdp.AffinityEntry
 	if err := dp.Maps.Affinity.Lookup(changed, &e); err != nil || e.BackendId != 8 {
 		t.Errorf("the entry balanced afresh during the walk: %+v (%v), want it kept with backend 8", e, err)
 	}

@@ -14,12 +14,12 @@ type Counter struct {
 }
 
 // Counters returns the datapath counters summed over CPUs, indexed by
-// xdp.NicStat (names from xdp.StatNames). Pins of an older datapath have
+// xdp.Stat (names from xdp.StatNames). Pins of an older datapath have
 // fewer: those it lacks read as zero.
 func (d *Dataplane) Counters() ([]Counter, error) {
-	out := make([]Counter, xdp.NicStatSTAT_MAX)
+	out := make([]Counter, xdp.StatSTAT_MAX)
 	pinned := d.m.Stats.MaxEntries()
-	var perCPU []xdp.NicCounter
+	var perCPU []xdp.Counter
 	for i := range min(len(out), int(pinned)) {
 		if err := d.m.Stats.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %d: %w", i, err)
@@ -39,7 +39,7 @@ type ServiceCounter struct {
 
 // ServiceCounters returns the counters of one service port, summed over CPUs.
 func (d *Dataplane) ServiceCounters(svcID uint32) (ServiceCounter, error) {
-	var perCPU []xdp.NicSvcCounter
+	var perCPU []xdp.SvcCounter
 	if err := d.m.SvcStats.Lookup(svcID, &perCPU); err != nil {
 		return ServiceCounter{}, fmt.Errorf("read service %d counters: %w", svcID, err)
 	}
@@ -58,7 +58,7 @@ func (d *Dataplane) ResetServicesCounters(ids []uint32) error {
 	cpus := possibleCPUs()
 	for start := 0; start < len(ids); start += batchChunk {
 		keys := ids[start:min(start+batchChunk, len(ids))]
-		zero := make([]xdp.NicSvcCounter, len(keys)*cpus)
+		zero := make([]xdp.SvcCounter, len(keys)*cpus)
 		if _, err := d.m.SvcStats.BatchUpdate(keys, zero, nil); err != nil {
 			return fmt.Errorf("reset counters of %d services: %w", len(keys), err)
 		}

@@ -55,27 +55,27 @@ func (k FrontendKey) String() string {
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), ProtoName(k.Proto))
 }
 
-func (k FrontendKey) raw() xdp.NicFrontendKey {
-	return xdp.NicFrontendKey{Addr: xdp.AddrToNet(k.Addr), Port: xdp.PortToNet(k.Port), Proto: k.Proto}
+func (k FrontendKey) raw() xdp.FrontendKey {
+	return xdp.FrontendKey{Addr: xdp.AddrToNet(k.Addr), Port: xdp.PortToNet(k.Port), Proto: k.Proto}
 }
 
-func frontendKeyOf(r xdp.NicFrontendKey) FrontendKey {
+func frontendKeyOf(r xdp.FrontendKey) FrontendKey {
 	return FrontendKey{Addr: xdp.NetToAddr(r.Addr), Port: xdp.NetToPort(r.Port), Proto: r.Proto}
 }
 
 // Frontend flags (see enum frontend_flags in xdp/include/maps.h).
 const (
-	FrontendExternal     = uint16(xdp.NicFrontendFlagsFE_EXTERNAL)
-	FrontendSNATRemote   = uint16(xdp.NicFrontendFlagsFE_SNAT_REMOTE)
-	FrontendSourceRanges = uint16(xdp.NicFrontendFlagsFE_SOURCE_RANGES)
-	FrontendDropIfEmpty  = uint16(xdp.NicFrontendFlagsFE_DROP_IF_EMPTY)
+	FrontendExternal     = uint16(xdp.FrontendFlagsFE_EXTERNAL)
+	FrontendSNATRemote   = uint16(xdp.FrontendFlagsFE_SNAT_REMOTE)
+	FrontendSourceRanges = uint16(xdp.FrontendFlagsFE_SOURCE_RANGES)
+	FrontendDropIfEmpty  = uint16(xdp.FrontendFlagsFE_DROP_IF_EMPTY)
 	// FrontendInternalDropIfEmpty: the same for traffic from this node.
-	FrontendInternalDropIfEmpty = uint16(xdp.NicFrontendFlagsFE_INTERNAL_DROP_IF_EMPTY)
+	FrontendInternalDropIfEmpty = uint16(xdp.FrontendFlagsFE_INTERNAL_DROP_IF_EMPTY)
 	// FrontendLocalSet: TableID is the node-local set; a ClientIP
 	// affinity then returns only to a backend on this node.
-	FrontendLocalSet = uint16(xdp.NicFrontendFlagsFE_LOCAL_SET)
+	FrontendLocalSet = uint16(xdp.FrontendFlagsFE_LOCAL_SET)
 	// FrontendInternalLocalSet: the same for InternalTableID.
-	FrontendInternalLocalSet = uint16(xdp.NicFrontendFlagsFE_INTERNAL_LOCAL_SET)
+	FrontendInternalLocalSet = uint16(xdp.FrontendFlagsFE_INTERNAL_LOCAL_SET)
 )
 
 // Frontend is what a frontend leads to.
@@ -95,7 +95,7 @@ func (d *Dataplane) PutFrontend(k FrontendKey, v Frontend) error {
 	if err := d.setPortBit(k.Port, true); err != nil {
 		return fmt.Errorf("frontend %s: %w", k, err)
 	}
-	raw := xdp.NicFrontend{SvcId: v.SvcID, TableId: v.TableID, InternalTableId: v.InternalTableID,
+	raw := xdp.Frontend{SvcId: v.SvcID, TableId: v.TableID, InternalTableId: v.InternalTableID,
 		AffinityTimeout: v.AffinityTimeout, Flags: v.Flags}
 	if err := d.m.Frontends.Put(k.raw(), raw); err != nil {
 		return fmt.Errorf("frontend %s: %w", k, err)
@@ -182,8 +182,8 @@ func (d *Dataplane) DeleteFrontend(k FrontendKey) error {
 // Frontends returns every frontend.
 func (d *Dataplane) Frontends() (map[FrontendKey]Frontend, error) {
 	out := map[FrontendKey]Frontend{}
-	var k xdp.NicFrontendKey
-	var v xdp.NicFrontend
+	var k xdp.FrontendKey
+	var v xdp.Frontend
 	it := d.m.Frontends.Iterate()
 	for it.Next(&k, &v) {
 		out[frontendKeyOf(k)] = Frontend{SvcID: v.SvcId, TableID: v.TableId, InternalTableID: v.InternalTableId,
@@ -211,27 +211,27 @@ type Backend struct {
 
 func (b Backend) String() string { return netip.AddrPortFrom(b.Addr, b.Port).String() }
 
-func (b Backend) raw() xdp.NicBackend {
+func (b Backend) raw() xdp.Backend {
 	var flags uint8
 	if b.Local {
-		flags |= uint8(xdp.NicBackendFlagsBE_LOCAL)
+		flags |= uint8(xdp.BackendFlagsBE_LOCAL)
 	}
 	if b.Terminating {
-		flags |= uint8(xdp.NicBackendFlagsBE_TERMINATING)
+		flags |= uint8(xdp.BackendFlagsBE_TERMINATING)
 	}
 	if b.Host {
-		flags |= uint8(xdp.NicBackendFlagsBE_HOST)
+		flags |= uint8(xdp.BackendFlagsBE_HOST)
 	}
-	return xdp.NicBackend{Addr: xdp.AddrToNet(b.Addr), Port: xdp.PortToNet(b.Port), Flags: flags}
+	return xdp.Backend{Addr: xdp.AddrToNet(b.Addr), Port: xdp.PortToNet(b.Port), Flags: flags}
 }
 
-func backendOf(r xdp.NicBackend) Backend {
+func backendOf(r xdp.Backend) Backend {
 	return Backend{
 		Addr:        xdp.NetToAddr(r.Addr),
 		Port:        xdp.NetToPort(r.Port),
-		Local:       r.Flags&uint8(xdp.NicBackendFlagsBE_LOCAL) != 0,
-		Terminating: r.Flags&uint8(xdp.NicBackendFlagsBE_TERMINATING) != 0,
-		Host:        r.Flags&uint8(xdp.NicBackendFlagsBE_HOST) != 0,
+		Local:       r.Flags&uint8(xdp.BackendFlagsBE_LOCAL) != 0,
+		Terminating: r.Flags&uint8(xdp.BackendFlagsBE_TERMINATING) != 0,
+		Host:        r.Flags&uint8(xdp.BackendFlagsBE_HOST) != 0,
 	}
 }
 
@@ -252,7 +252,7 @@ func (d *Dataplane) PutBackend(id uint32, b Backend) error {
 // DeleteBackend frees backend id. Flows still pointing at it notice on
 // their next packet.
 func (d *Dataplane) DeleteBackend(id uint32) error {
-	if err := d.m.Backends.Put(id, xdp.NicBackend{}); err != nil {
+	if err := d.m.Backends.Put(id, xdp.Backend{}); err != nil {
 		return fmt.Errorf("delete backend %d: %w", id, err)
 	}
 	return nil
@@ -264,7 +264,7 @@ func (d *Dataplane) Backends() (map[uint32]Backend, error) {
 	out := map[uint32]Backend{}
 	const chunk = 4096
 	keys := make([]uint32, chunk)
-	vals := make([]xdp.NicBackend, chunk)
+	vals := make([]xdp.Backend, chunk)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := d.m.Backends.BatchLookup(&cursor, keys, vals, nil)
@@ -299,7 +299,7 @@ const batchChunk = 4096
 // PutBackends writes many backends at once (batched).
 func (d *Dataplane) PutBackends(bes map[uint32]Backend) error {
 	keys := make([]uint32, 0, len(bes))
-	vals := make([]xdp.NicBackend, 0, len(bes))
+	vals := make([]xdp.Backend, 0, len(bes))
 	for id, b := range bes {
 		if id == 0 || !b.Addr.Is4() {
 			return fmt.Errorf("backend %d (%s): invalid", id, b)
@@ -320,12 +320,12 @@ func (d *Dataplane) PutBackends(bes map[uint32]Backend) error {
 // ports in the bitmap first.
 func (d *Dataplane) PutFrontends(fes map[FrontendKey]Frontend) error {
 	words := map[uint32]uint64{}
-	keys := make([]xdp.NicFrontendKey, 0, len(fes))
-	vals := make([]xdp.NicFrontend, 0, len(fes))
+	keys := make([]xdp.FrontendKey, 0, len(fes))
+	vals := make([]xdp.Frontend, 0, len(fes))
 	for k, v := range fes {
 		words[uint32(k.Port)/64] |= uint64(1) << (k.Port % 64)
 		keys = append(keys, k.raw())
-		vals = append(vals, xdp.NicFrontend{SvcId: v.SvcID, TableId: v.TableID, InternalTableId: v.InternalTableID,
+		vals = append(vals, xdp.Frontend{SvcId: v.SvcID, TableId: v.TableID, InternalTableId: v.InternalTableID,
 			AffinityTimeout: v.AffinityTimeout, Flags: v.Flags})
 	}
 	for word, bits := range words {

@@ -16,8 +16,8 @@ func TestEndingFlowsOnAFullConntrackKeepsLiveOnes(t *testing.T) {
 	dp, d := loadSmall(t, func(o *loader.Options) { o.ConntrackMax = size })
 	now := uint64(dataplane.Now())
 	for i := range 2 * size {
-		k := xdp.NicCtKey{Saddr: uint32(i + 1), Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
-		if err := dp.Maps.Conntrack.Put(k, xdp.NicCtEntry{BackendId: uint32(i), CreatedNs: now, LastSeenNs: now}); err != nil {
+		k := xdp.CtKey{Saddr: uint32(i + 1), Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
+		if err := dp.Maps.Conntrack.Put(k, xdp.CtEntry{BackendId: uint32(i), CreatedNs: now, LastSeenNs: now}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -49,10 +49,10 @@ func TestMigrationLeavesEndedFlowsOutFirst(t *testing.T) {
 	dp, _ := loadSmall(t, func(o *loader.Options) { o.ConntrackMax = before })
 	now := uint64(dataplane.Now())
 	for i := range live + ended {
-		k := xdp.NicCtKey{Saddr: uint32(i + 1), Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
-		v := xdp.NicCtEntry{BackendId: uint32(i), CreatedNs: now - 1000, LastSeenNs: now - uint64(i)}
+		k := xdp.CtKey{Saddr: uint32(i + 1), Daddr: 2, Sport: 3, Dport: 80, Proto: 6}
+		v := xdp.CtEntry{BackendId: uint32(i), CreatedNs: now - 1000, LastSeenNs: now - uint64(i)}
 		if i >= live {
-			v.Flags |= uint8(xdp.NicCtFlagsCT_F_ENDED)
+			v.Flags |= uint8(xdp.CtFlagsCT_F_ENDED)
 			v.LastSeenNs = now - dataplane.EndedAge
 		}
 		if err := dp.Maps.Conntrack.Put(k, v); err != nil {
@@ -66,11 +66,11 @@ func TestMigrationLeavesEndedFlowsOutFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer moved.Close()
-	var k xdp.NicCtKey
-	var v xdp.NicCtEntry
+	var k xdp.CtKey
+	var v xdp.CtEntry
 	keptLive := 0
 	for it := moved.Maps.Conntrack.Iterate(); it.Next(&k, &v); {
-		if v.Flags&uint8(xdp.NicCtFlagsCT_F_ENDED) == 0 {
+		if v.Flags&uint8(xdp.CtFlagsCT_F_ENDED) == 0 {
 			keptLive++
 		}
 	}

@@ -38,15 +38,15 @@ type FlowKey struct {
 	Proto    uint8
 }
 
-func (k FlowKey) raw() xdp.NicCtKey {
-	return xdp.NicCtKey{
+func (k FlowKey) raw() xdp.CtKey {
+	return xdp.CtKey{
 		Saddr: xdp.AddrToNet(k.Client.Addr()), Sport: xdp.PortToNet(k.Client.Port()),
 		Daddr: xdp.AddrToNet(k.Frontend.Addr()), Dport: xdp.PortToNet(k.Frontend.Port()),
 		Proto: k.Proto,
 	}
 }
 
-func flowOf(k xdp.NicCtKey, v xdp.NicCtEntry) Flow {
+func flowOf(k xdp.CtKey, v xdp.CtEntry) Flow {
 	f := Flow{
 		Client:      netip.AddrPortFrom(xdp.NetToAddr(k.Saddr), xdp.NetToPort(k.Sport)),
 		Frontend:    netip.AddrPortFrom(xdp.NetToAddr(k.Daddr), xdp.NetToPort(k.Dport)),
@@ -55,13 +55,13 @@ func flowOf(k xdp.NicCtKey, v xdp.NicCtEntry) Flow {
 		Backend:     netip.AddrPortFrom(xdp.NetToAddr(v.BackendAddr), xdp.NetToPort(v.BackendPort)),
 		SvcID:       v.SvcId,
 		TCPState:    v.TcpState,
-		External:    v.Flags&uint8(xdp.NicCtFlagsCT_F_EXTERNAL) != 0,
-		Ended:       v.Flags&uint8(xdp.NicCtFlagsCT_F_ENDED) != 0,
-		Unconfirmed: v.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0,
+		External:    v.Flags&uint8(xdp.CtFlagsCT_F_EXTERNAL) != 0,
+		Ended:       v.Flags&uint8(xdp.CtFlagsCT_F_ENDED) != 0,
+		Unconfirmed: v.Flags&uint8(xdp.CtFlagsCT_F_UNCONFIRMED) != 0,
 		Created:     time.Duration(v.CreatedNs),
 		LastSeen:    time.Duration(v.LastSeenNs),
 	}
-	if v.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) != 0 {
+	if v.Flags&uint8(xdp.CtFlagsCT_F_SNAT) != 0 {
 		f.NAT = netip.AddrPortFrom(xdp.NetToAddr(v.NatAddr), xdp.NetToPort(v.NatPort))
 	}
 	return f
@@ -93,7 +93,7 @@ func (d *Dataplane) flowTables() []flowTable {
 func (d *Dataplane) Flows(fn func(Flow) bool) error {
 	stopped := false
 	for _, t := range d.flowTables() {
-		err := eachEntry(t.m, func(k xdp.NicCtKey, v xdp.NicCtEntry) bool {
+		err := eachEntry(t.m, func(k xdp.CtKey, v xdp.CtEntry) bool {
 			stopped = !fn(flowOf(k, v))
 			return !stopped
 		})
@@ -142,7 +142,7 @@ func (d *Dataplane) Flow(k FlowKey) (Flow, bool, error) {
 func (d *Dataplane) lookupFlow(k FlowKey) (flowTable, Flow, bool, error) {
 	raw := k.raw()
 	for _, t := range d.flowTables() {
-		var v xdp.NicCtEntry
+		var v xdp.CtEntry
 		err := t.m.Lookup(raw, &v)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
@@ -191,7 +191,7 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 	case !sameFlow(f, found):
 		return false, nil
 	default:
-		var cur xdp.NicCtEntry
+		var cur xdp.CtEntry
 		if err := table.m.Lookup(raw, &cur); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return false, fmt.Errorf("delete flow %s -> %s: read %s: %w", f.Client, f.Frontend, table.name, err)
 		}
@@ -200,7 +200,7 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 			return false, fmt.Errorf("delete flow %s -> %s: %w", f.Client, f.Frontend, err)
 		}
 		if end {
-			cur.Flags |= uint8(xdp.NicCtFlagsCT_F_ENDED)
+			cur.Flags |= uint8(xdp.CtFlagsCT_F_ENDED)
 			cur.LastSeenNs = uint64(Now()) - endedAge
 			err = table.m.Update(raw, cur, ebpf.UpdateExist)
 		} else {
@@ -212,7 +212,7 @@ func (d *Dataplane) DeleteFlow(f Flow) (bool, error) {
 	}
 	rk := reverseKey(f)
 	for _, table := range d.natTables() {
-		var rev xdp.NicNatEntry
+		var rev xdp.NatEntry
 		switch err := table.m.Lookup(rk, &rev); {
 		case errors.Is(err, ebpf.ErrKeyNotExist):
 		case err != nil:
@@ -241,7 +241,7 @@ func (d *Dataplane) natTables() []flowTable {
 }
 
 // reverseOf tells whether a reverse half is f's.
-func reverseOf(rev xdp.NicNatEntry, f Flow) bool {
+func reverseOf(rev xdp.NatEntry, f Flow) bool {
 	return rev.ClientAddr == xdp.AddrToNet(f.Client.Addr()) && rev.ClientPort == xdp.PortToNet(f.Client.Port()) &&
 		rev.FrontendAddr == xdp.AddrToNet(f.Frontend.Addr()) && rev.FrontendPort == xdp.PortToNet(f.Frontend.Port())
 }
@@ -261,7 +261,7 @@ func (d *Dataplane) endInPlace(f Flow) (bool, error) {
 	if !f.NAT.IsValid() {
 		return false, nil // no SNAT slot
 	}
-	var b xdp.NicBackend
+	var b xdp.Backend
 	switch err := d.m.Backends.Lookup(f.BackendID, &b); {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 		return false, nil
@@ -282,8 +282,8 @@ func sameFlow(a, b Flow) bool {
 }
 
 // reverseKey is the reply tuple of a flow, as its backend sends it.
-func reverseKey(f Flow) xdp.NicNatKey {
-	rk := xdp.NicNatKey{
+func reverseKey(f Flow) xdp.NatKey {
+	rk := xdp.NatKey{
 		Saddr: xdp.AddrToNet(f.Backend.Addr()), Sport: xdp.PortToNet(f.Backend.Port()),
 		Daddr: xdp.AddrToNet(f.Client.Addr()), Dport: xdp.PortToNet(f.Client.Port()),
 		Proto: f.Proto,
@@ -301,7 +301,7 @@ func (d *Dataplane) snatSlot(f Flow) (uint32, bool, error) {
 	if !f.NAT.IsValid() {
 		return 0, false, nil
 	}
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
 		return 0, false, fmt.Errorf("read datapath config: %w", err)
 	}
@@ -322,7 +322,7 @@ func (d *Dataplane) snatSlot(f Flow) (uint32, bool, error) {
 
 // reverseSlot reads the SNAT slot that is f's reverse half; ok is false
 // when the slot answers to another flow or to none.
-func (d *Dataplane) reverseSlot(f Flow) (index uint32, slot xdp.NicSnatSlot, ok bool, err error) {
+func (d *Dataplane) reverseSlot(f Flow) (index uint32, slot xdp.SnatSlot, ok bool, err error) {
 	index, isSNAT, err := d.snatSlot(f)
 	if err != nil || !isSNAT {
 		return 0, slot, false, err
@@ -362,7 +362,7 @@ func (d *Dataplane) DeleteReverse(f Flow) error {
 
 // UpdateReverse lets fn change the reverse half of a flow in place (tests
 // use it to age an entry). It reports whether the flow had one.
-func (d *Dataplane) UpdateReverse(f Flow, fn func(*xdp.NicNatEntry)) (bool, error) {
+func (d *Dataplane) UpdateReverse(f Flow, fn func(*xdp.NatEntry)) (bool, error) {
 	index, slot, ok, err := d.reverseSlot(f)
 	if err != nil {
 		return false, err
@@ -376,7 +376,7 @@ func (d *Dataplane) UpdateReverse(f Flow, fn func(*xdp.NicNatEntry)) (bool, erro
 	}
 	rk := reverseKey(f)
 	for _, table := range d.natTables() {
-		var e xdp.NicNatEntry
+		var e xdp.NatEntry
 		if err := table.m.Lookup(rk, &e); errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
 		} else if err != nil {
@@ -395,10 +395,10 @@ func (d *Dataplane) UpdateReverse(f Flow, fn func(*xdp.NicNatEntry)) (bool, erro
 // half (NAT map entries, confirmed then unconfirmed, then claimed SNAT
 // slots; a slot whose flow ended counts until a new flow takes it) until
 // fn returns false.
-func (d *Dataplane) ReverseHalves(fn func(xdp.NicNatKey, xdp.NicNatEntry) bool) error {
+func (d *Dataplane) ReverseHalves(fn func(xdp.NatKey, xdp.NatEntry) bool) error {
 	for _, table := range d.natTables() {
-		var k xdp.NicNatKey
-		var v xdp.NicNatEntry
+		var k xdp.NatKey
+		var v xdp.NatEntry
 		it := table.m.Iterate()
 		for it.Next(&k, &v) {
 			if !fn(k, v) {
@@ -409,13 +409,13 @@ func (d *Dataplane) ReverseHalves(fn func(xdp.NicNatKey, xdp.NicNatEntry) bool) 
 			return fmt.Errorf("read %s: %w", table.name, err)
 		}
 	}
-	return eachClaimedSlot(d.m.SNATSlots, func(s xdp.NicSnatSlot) bool { return fn(s.Key, s.Rev) })
+	return eachClaimedSlot(d.m.SNATSlots, func(s xdp.SnatSlot) bool { return fn(s.Key, s.Rev) })
 }
 
 // ReverseEntries counts the reverse halves (see ReverseHalves).
 func (d *Dataplane) ReverseEntries() (int, error) {
 	n := 0
-	err := d.ReverseHalves(func(xdp.NicNatKey, xdp.NicNatEntry) bool { n++; return true })
+	err := d.ReverseHalves(func(xdp.NatKey, xdp.NatEntry) bool { n++; return true })
 	return n, err
 }
 
@@ -423,7 +423,7 @@ func (d *Dataplane) ReverseEntries() (int, error) {
 func (d *Dataplane) FlowEntries() (int, error) {
 	total := 0
 	for _, t := range d.flowTables() {
-		n, err := countEntries[xdp.NicCtKey, xdp.NicCtEntry](t.m)
+		n, err := countEntries[xdp.CtKey, xdp.CtEntry](t.m)
 		if err != nil {
 			return total, fmt.Errorf("count %s: %w", t.name, err)
 		}
@@ -444,7 +444,7 @@ func (d *Dataplane) ResetFlows() error {
 	}{
 		{"conntrack", func() error {
 			for _, t := range d.flowTables() {
-				if err := clearHash[xdp.NicCtKey, xdp.NicCtEntry](t.m); err != nil {
+				if err := clearHash[xdp.CtKey, xdp.CtEntry](t.m); err != nil {
 					return fmt.Errorf("%s: %w", t.name, err)
 				}
 			}
@@ -452,26 +452,26 @@ func (d *Dataplane) ResetFlows() error {
 		}},
 		// Slots before the NAT map: zeroing drops the slots' spill marks,
 		// and a spill made before that must go too.
-		{"SNAT slots", func() error { return zeroArray[xdp.NicSnatSlot](d.m.SNATSlots) }},
+		{"SNAT slots", func() error { return zeroArray[xdp.SnatSlot](d.m.SNATSlots) }},
 		{"NAT maps", func() error {
 			for _, t := range d.natTables() {
-				if err := clearHash[xdp.NicNatKey, xdp.NicNatEntry](t.m); err != nil {
+				if err := clearHash[xdp.NatKey, xdp.NatEntry](t.m); err != nil {
 					return fmt.Errorf("%s: %w", t.name, err)
 				}
 			}
 			return nil
 		}},
-		{"affinity", func() error { return clearHash[xdp.NicAffinityKey, xdp.NicAffinityEntry](d.m.Affinity) }},
+		{"affinity", func() error { return clearHash[xdp.AffinityKey, xdp.AffinityEntry](d.m.Affinity) }},
 		{"SYN proxy", func() error {
 			if d.m.SYNProxyFlows == nil {
 				return nil
 			}
-			if err := clearHash[xdp.NicCtKey, xdp.NicSynproxySeq](d.m.SYNProxyFlows); err != nil {
+			if err := clearHash[xdp.CtKey, xdp.SynproxySeq](d.m.SYNProxyFlows); err != nil {
 				return err
 			}
-			return zeroArray[xdp.NicSynFlood](d.m.SYNFloods)
+			return zeroArray[xdp.SynFlood](d.m.SYNFloods)
 		}},
-		{"SNAT bucket hands", func() error { return zeroArray[xdp.NicSnatBucketHand](d.m.SNATBucketHands) }},
+		{"SNAT bucket hands", func() error { return zeroArray[xdp.SnatBucketHand](d.m.SNATBucketHands) }},
 		{"SNAT backend hands", func() error { return zeroArray[uint32](d.m.SNATBackendHands) }},
 	}
 	for _, step := range steps {
@@ -486,9 +486,9 @@ const flowBatch = 4096
 
 // eachClaimedSlot calls fn for every claimed SNAT slot until it returns
 // false, reading the array in batches.
-func eachClaimedSlot(m *ebpf.Map, fn func(xdp.NicSnatSlot) bool) error {
+func eachClaimedSlot(m *ebpf.Map, fn func(xdp.SnatSlot) bool) error {
 	keys := make([]uint32, flowBatch)
-	slots := make([]xdp.NicSnatSlot, flowBatch)
+	slots := make([]xdp.SnatSlot, flowBatch)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, slots, nil)
@@ -509,7 +509,7 @@ func eachClaimedSlot(m *ebpf.Map, fn func(xdp.NicSnatSlot) bool) error {
 // claimedSlots counts the SNAT slots in use.
 func claimedSlots(m *ebpf.Map) (int, error) {
 	n := 0
-	err := eachClaimedSlot(m, func(xdp.NicSnatSlot) bool { n++; return true })
+	err := eachClaimedSlot(m, func(xdp.SnatSlot) bool { n++; return true })
 	return n, err
 }
 
@@ -558,8 +558,8 @@ func Now() time.Duration {
 
 // tcpClosing are the state bits of a TCP connection that is closing: a
 // FIN either way, or a RST (CT_TCP_CLOSING in include/conntrack.h).
-const tcpClosing = uint8(xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN |
-	xdp.NicCtTcpStateCT_TCP_RST)
+const tcpClosing = uint8(xdp.CtTcpStateCT_TCP_FIN | xdp.CtTcpStateCT_TCP_REPLY_FIN |
+	xdp.CtTcpStateCT_TCP_RST)
 
 // TCPClosing reports whether a flow's TCP state bits say it is closing.
 func TCPClosing(state uint8) bool { return state&tcpClosing != 0 }
@@ -568,12 +568,12 @@ func TCPClosing(state uint8) bool { return state&tcpClosing != 0 }
 // over: reset, or a FIN seen each way (ct_tcp_closed). A SYN on its tuple
 // starts a new flow.
 func TCPClosed(state uint8) bool {
-	fins := uint8(xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN)
-	return state&uint8(xdp.NicCtTcpStateCT_TCP_RST) != 0 || state&fins == fins
+	fins := uint8(xdp.CtTcpStateCT_TCP_FIN | xdp.CtTcpStateCT_TCP_REPLY_FIN)
+	return state&uint8(xdp.CtTcpStateCT_TCP_RST) != 0 || state&fins == fins
 }
 
 // TCPEstablished reports whether a flow's TCP state bits say it is past
 // its handshake and not closing (ct_tcp_established).
 func TCPEstablished(state uint8) bool {
-	return state&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0 && !TCPClosing(state)
+	return state&uint8(xdp.CtTcpStateCT_TCP_ESTABLISHED) != 0 && !TCPClosing(state)
 }

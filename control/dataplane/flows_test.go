@@ -19,10 +19,10 @@ func TestDeleteFlowKeepsAnotherFlowsReverseHalf(t *testing.T) {
 	backend := netip.MustParseAddrPort("10.244.0.5:8080")
 	nodePort := netip.MustParseAddrPort("192.0.2.1:30080")
 	lb := netip.MustParseAddrPort("203.0.113.10:80")
-	replyTuple := xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
+	replyTuple := xdp.NatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
 		Daddr: xdp.AddrToNet(client.Addr()), Dport: xdp.PortToNet(client.Port()), Proto: 6}
-	reverseOf := func(frontend netip.AddrPort) xdp.NicNatEntry {
-		return xdp.NicNatEntry{ClientAddr: xdp.AddrToNet(client.Addr()), ClientPort: xdp.PortToNet(client.Port()),
+	reverseOf := func(frontend netip.AddrPort) xdp.NatEntry {
+		return xdp.NatEntry{ClientAddr: xdp.AddrToNet(client.Addr()), ClientPort: xdp.PortToNet(client.Port()),
 			FrontendAddr: xdp.AddrToNet(frontend.Addr()), FrontendPort: xdp.PortToNet(frontend.Port()), BackendId: 3}
 	}
 
@@ -42,7 +42,7 @@ func TestDeleteFlowKeepsAnotherFlowsReverseHalf(t *testing.T) {
 			if _, err := d.DeleteFlow(purged); err != nil {
 				t.Fatal(err)
 			}
-			var left xdp.NicNatEntry
+			var left xdp.NatEntry
 			gone := dp.Maps.NAT.Lookup(replyTuple, &left) != nil
 			if gone != tc.deleted {
 				t.Errorf("reverse half held for %s: deleted %v, want %v", tc.holder, gone, tc.deleted)
@@ -62,8 +62,8 @@ func TestSpillOfAnEvictedFlowStaysWhileTheFlowMayLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := uint64(dataplane.Now())
-	snat := uint8(xdp.NicCtFlagsCT_F_SNAT)
-	unconfirmed := uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED)
+	snat := uint8(xdp.CtFlagsCT_F_SNAT)
+	unconfirmed := uint8(xdp.CtFlagsCT_F_UNCONFIRMED)
 	spills := []struct {
 		name      string
 		backendID uint32
@@ -77,12 +77,12 @@ func TestSpillOfAnEvictedFlowStaysWhileTheFlowMayLive(t *testing.T) {
 		{"unconfirmed, past its hold", 3, snat | unconfirmed, 3 * time.Second, false},
 		{"its backend gone", 4, snat, time.Second, false},
 	}
-	keyOf := func(i int) xdp.NicNatKey {
-		return xdp.NicNatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
+	keyOf := func(i int) xdp.NatKey {
+		return xdp.NatKey{Saddr: xdp.AddrToNet(backend.Addr()), Sport: xdp.PortToNet(backend.Port()),
 			Daddr: xdp.AddrToNet(netip.MustParseAddr("192.0.2.1")), Dport: xdp.PortToNet(uint16(40000 + i)), Proto: 6}
 	}
 	for i, s := range spills {
-		e := xdp.NicNatEntry{ClientAddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.7")), ClientPort: xdp.PortToNet(uint16(5000 + i)),
+		e := xdp.NatEntry{ClientAddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.7")), ClientPort: xdp.PortToNet(uint16(5000 + i)),
 			FrontendAddr: xdp.AddrToNet(netip.MustParseAddr("192.0.2.1")), FrontendPort: xdp.PortToNet(30080),
 			BackendId: s.backendID, Flags: s.flags, LastSeenNs: now - uint64(s.idle)}
 		if err := dp.Maps.NAT.Put(keyOf(i), e); err != nil {
@@ -97,7 +97,7 @@ func TestSpillOfAnEvictedFlowStaysWhileTheFlowMayLive(t *testing.T) {
 		t.Errorf("trusted %v, %d spills deleted; want untrusted (live flows' spills are unmarked), 3 deleted", trusted, deleted)
 	}
 	for i, s := range spills {
-		var e xdp.NicNatEntry
+		var e xdp.NatEntry
 		if kept := dp.Maps.NAT.Lookup(keyOf(i), &e) == nil; kept != s.kept {
 			t.Errorf("%s: kept %v, want %v", s.name, kept, s.kept)
 		}
@@ -111,10 +111,10 @@ func TestUnconfirmedFlowsAreListedAndDeleted(t *testing.T) {
 	client := netip.MustParseAddrPort("192.0.2.10:7001")
 	frontend := netip.MustParseAddrPort("192.0.2.1:30080")
 	backend := netip.MustParseAddrPort("10.244.0.5:8080")
-	key := xdp.NicCtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
+	key := xdp.CtKey{Saddr: xdp.AddrToNet(client.Addr()), Sport: xdp.PortToNet(client.Port()),
 		Daddr: xdp.AddrToNet(frontend.Addr()), Dport: xdp.PortToNet(frontend.Port()), Proto: 6}
-	entry := xdp.NicCtEntry{BackendId: 3, BackendAddr: xdp.AddrToNet(backend.Addr()), BackendPort: xdp.PortToNet(backend.Port()),
-		Flags: uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED | xdp.NicCtFlagsCT_F_EXTERNAL), CreatedNs: 1, LastSeenNs: 1}
+	entry := xdp.CtEntry{BackendId: 3, BackendAddr: xdp.AddrToNet(backend.Addr()), BackendPort: xdp.PortToNet(backend.Port()),
+		Flags: uint8(xdp.CtFlagsCT_F_UNCONFIRMED | xdp.CtFlagsCT_F_EXTERNAL), CreatedNs: 1, LastSeenNs: 1}
 	if err := dp.Maps.CtUnconfirmed.Put(key, entry); err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func (d *Dataplane) PutServiceName(id uint32, key string) error {
 // PutServiceNames records the keys of many service port ids (batched).
 func (d *Dataplane) PutServiceNames(names map[uint32]string) error {
 	keys := make([]uint32, 0, len(names))
-	vals := make([]xdp.NicSvcName, 0, len(names))
+	vals := make([]xdp.SvcName, 0, len(names))
 	for id, key := range names {
 		keys = append(keys, id)
 		vals = append(vals, serviceName(key))
@@ -37,8 +37,8 @@ func (d *Dataplane) PutServiceNames(names map[uint32]string) error {
 	return nil
 }
 
-func serviceName(key string) xdp.NicSvcName {
-	var v xdp.NicSvcName
+func serviceName(key string) xdp.SvcName {
+	var v xdp.SvcName
 	if len(key) >= len(v.Key) {
 		key = key[:len(v.Key)-1]
 	}
@@ -62,7 +62,7 @@ func (d *Dataplane) DeleteServiceName(id uint32) error {
 func (d *Dataplane) ServiceNames() (map[uint32]string, error) {
 	out := map[uint32]string{}
 	keys := make([]uint32, batchChunk)
-	vals := make([]xdp.NicSvcName, batchChunk)
+	vals := make([]xdp.SvcName, batchChunk)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := d.m.SvcNames.BatchLookup(&cursor, keys, vals, nil)
@@ -79,7 +79,7 @@ func (d *Dataplane) ServiceNames() (map[uint32]string, error) {
 }
 
 // nameOf is the key a name entry holds: its bytes up to the first NUL.
-func nameOf(v xdp.NicSvcName) string {
+func nameOf(v xdp.SvcName) string {
 	b := make([]byte, 0, len(v.Key))
 	for _, c := range v.Key {
 		b = append(b, byte(c))
@@ -113,7 +113,7 @@ func PIDNamespaceOf(pid string) uint32 {
 
 // PutAgentState records the agent's state.
 func (d *Dataplane) PutAgentState(s AgentState) error {
-	v := xdp.NicAgentState{
+	v := xdp.AgentState{
 		Syncs: s.Syncs, Pid: s.PID, PidNs: s.PIDNamespace, ServicePorts: s.ServicePorts, Problems: s.Problems,
 	}
 	if !s.LastSync.IsZero() {
@@ -130,7 +130,7 @@ func (d *Dataplane) PutAgentState(s AgentState) error {
 
 // AgentState reads what the agent recorded last.
 func (d *Dataplane) AgentState() (AgentState, error) {
-	var v xdp.NicAgentState
+	var v xdp.AgentState
 	if err := d.m.AgentState.Lookup(uint32(0), &v); err != nil {
 		return AgentState{}, fmt.Errorf("read agent state: %w", err)
 	}

@@ -57,17 +57,17 @@ func (d *Dataplane) Occupancy() (map[string]int, error) {
 		var err error
 		switch name {
 		case "conntrack", "ct_unconfirmed":
-			n, err = countEntries[xdp.NicCtKey, xdp.NicCtEntry](m)
+			n, err = countEntries[xdp.CtKey, xdp.CtEntry](m)
 		case "synproxy_flows":
-			n, err = countEntries[xdp.NicCtKey, xdp.NicSynproxySeq](m)
+			n, err = countEntries[xdp.CtKey, xdp.SynproxySeq](m)
 		case "nat", "nat_unconfirmed":
-			n, err = countEntries[xdp.NicNatKey, xdp.NicNatEntry](m)
+			n, err = countEntries[xdp.NatKey, xdp.NatEntry](m)
 		case "affinity":
-			n, err = countEntries[xdp.NicAffinityKey, xdp.NicAffinityEntry](m)
+			n, err = countEntries[xdp.AffinityKey, xdp.AffinityEntry](m)
 		case "frontends":
-			n, err = countEntries[xdp.NicFrontendKey, xdp.NicFrontend](m)
+			n, err = countEntries[xdp.FrontendKey, xdp.Frontend](m)
 		case "services":
-			n, err = countEntries[uint32, xdp.NicSvcName](m)
+			n, err = countEntries[uint32, xdp.SvcName](m)
 		case "backends":
 			var bes map[uint32]Backend
 			bes, err = d.Backends()
@@ -143,7 +143,7 @@ func (d *Dataplane) MemoryUsage() (uint64, error) {
 // a port to no new flow until then, as TIME_WAIT keeps a socket's, so a
 // late segment of the old connection meets no new one.
 func (d *Dataplane) QuarantinedSNATPorts() (int, error) {
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
 		return 0, fmt.Errorf("read datapath config: %w", err)
 	}
@@ -153,13 +153,13 @@ func (d *Dataplane) QuarantinedSNATPorts() (int, error) {
 		if table == nil {
 			continue
 		}
-		keys, values := make([]xdp.NicCtKey, flowBatch), make([]xdp.NicCtEntry, flowBatch)
+		keys, values := make([]xdp.CtKey, flowBatch), make([]xdp.CtEntry, flowBatch)
 		var cursor ebpf.MapBatchCursor
 		for {
 			n, err := table.BatchLookup(&cursor, keys, values, nil)
 			for i := range n {
 				k, e := keys[i], values[i]
-				if k.Proto == TCP && e.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) != 0 && TCPClosed(e.TcpState) &&
+				if k.Proto == TCP && e.Flags&uint8(xdp.CtFlagsCT_F_SNAT) != 0 && TCPClosed(e.TcpState) &&
 					now-e.LastSeenNs <= ctTimeout(e, k.Proto, cfg) {
 					total++
 				}

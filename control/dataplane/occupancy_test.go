@@ -22,18 +22,18 @@ func TestOccupancyCountsFlowMaps(t *testing.T) {
 
 	const flows, slots = 5000, 4100
 	for i := uint32(0); i < flows; i++ {
-		if err := dp.Maps.Conntrack.Put(xdp.NicCtKey{Saddr: i + 1, Proto: 6}, xdp.NicCtEntry{}); err != nil {
+		if err := dp.Maps.Conntrack.Put(xdp.CtKey{Saddr: i + 1, Proto: 6}, xdp.CtEntry{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := dp.Maps.NAT.Put(xdp.NicNatKey{Saddr: i + 1, Proto: 6}, xdp.NicNatEntry{}); err != nil {
+		if err := dp.Maps.NAT.Put(xdp.NatKey{Saddr: i + 1, Proto: 6}, xdp.NatEntry{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := dp.Maps.Affinity.Put(xdp.NicAffinityKey{ClientAddr: i + 1}, xdp.NicAffinityEntry{}); err != nil {
+		if err := dp.Maps.Affinity.Put(xdp.AffinityKey{ClientAddr: i + 1}, xdp.AffinityEntry{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := uint32(0); i < slots; i++ {
-		if err := dp.Maps.SNATSlots.Put(i*3, xdp.NicSnatSlot{Key: xdp.NicNatKey{Proto: 17}}); err != nil {
+		if err := dp.Maps.SNATSlots.Put(i*3, xdp.SnatSlot{Key: xdp.NatKey{Proto: 17}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -128,11 +128,11 @@ func TestMapMemoryCountsInnerTables(t *testing.T) {
 func TestQuarantinedSNATPortsAreClosedFlowsWithinTheirTimeout(t *testing.T) {
 	dp, d := loadSmall(t, nil)
 	now := uint64(dataplane.Now())
-	rst := uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED | xdp.NicCtTcpStateCT_TCP_RST)
-	fins := uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED | xdp.NicCtTcpStateCT_TCP_FIN | xdp.NicCtTcpStateCT_TCP_REPLY_FIN)
-	halfClosed := uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED | xdp.NicCtTcpStateCT_TCP_FIN)
-	snat := uint8(xdp.NicCtFlagsCT_F_SNAT)
-	unconfirmed := snat | uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED)
+	rst := uint8(xdp.CtTcpStateCT_TCP_ESTABLISHED | xdp.CtTcpStateCT_TCP_RST)
+	fins := uint8(xdp.CtTcpStateCT_TCP_ESTABLISHED | xdp.CtTcpStateCT_TCP_FIN | xdp.CtTcpStateCT_TCP_REPLY_FIN)
+	halfClosed := uint8(xdp.CtTcpStateCT_TCP_ESTABLISHED | xdp.CtTcpStateCT_TCP_FIN)
+	snat := uint8(xdp.CtFlagsCT_F_SNAT)
+	unconfirmed := snat | uint8(xdp.CtFlagsCT_F_UNCONFIRMED)
 	for i, f := range []struct {
 		table *ebpf.Map
 		proto uint8
@@ -149,8 +149,8 @@ func TestQuarantinedSNATPortsAreClosedFlowsWithinTheirTimeout(t *testing.T) {
 		{dp.Maps.Conntrack, 6, 0, rst, time.Second, false},           // no SNAT port
 		{dp.Maps.Conntrack, 17, snat, 0, time.Second, false},         // UDP
 	} {
-		entry := xdp.NicCtEntry{Flags: f.flags, TcpState: f.state, LastSeenNs: now - uint64(f.idle)}
-		if err := f.table.Put(xdp.NicCtKey{Saddr: uint32(i + 1), Proto: f.proto}, entry); err != nil {
+		entry := xdp.CtEntry{Flags: f.flags, TcpState: f.state, LastSeenNs: now - uint64(f.idle)}
+		if err := f.table.Put(xdp.CtKey{Saddr: uint32(i + 1), Proto: f.proto}, entry); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,10 +11,10 @@ import (
 	"github.com/xdplb/xdplb/xdp"
 )
 
-func sourceRangeKey(svcID uint32, p netip.Prefix) xdp.NicSourceRangeKey {
+func sourceRangeKey(svcID uint32, p netip.Prefix) xdp.SourceRangeKey {
 	var id [4]byte
 	binary.BigEndian.PutUint32(id[:], svcID)
-	return xdp.NicSourceRangeKey{
+	return xdp.SourceRangeKey{
 		Prefixlen: 32 + uint32(p.Bits()),
 		SvcId:     binary.NativeEndian.Uint32(id[:]),
 		Addr:      xdp.AddrToNet(p.Masked().Addr()),
@@ -51,7 +51,7 @@ type SourceRange struct {
 // SourceRanges lists every allowed range.
 func (d *Dataplane) SourceRanges() ([]SourceRange, error) {
 	var out []SourceRange
-	var k xdp.NicSourceRangeKey
+	var k xdp.SourceRangeKey
 	var v uint8
 	it := d.m.SourceRanges.Iterate()
 	for it.Next(&k, &v) {

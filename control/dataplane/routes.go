@@ -19,7 +19,7 @@ func (d *Dataplane) AllowRouteReuse(until time.Duration) error {
 	if until < 0 {
 		until = 0
 	}
-	if err := d.m.RouteReuse.Put(uint32(0), xdp.NicRouteReuseLease{UntilNs: uint64(until)}); err != nil {
+	if err := d.m.RouteReuse.Put(uint32(0), xdp.RouteReuseLease{UntilNs: uint64(until)}); err != nil {
 		return fmt.Errorf("write route reuse lease: %w", err)
 	}
 	return nil
@@ -34,7 +34,7 @@ func (d *Dataplane) RouteReuseAllowed() (bool, error) {
 	if d.m.RouteReuse == nil {
 		return false, nil
 	}
-	var lease xdp.NicRouteReuseLease
+	var lease xdp.RouteReuseLease
 	if err := d.m.RouteReuse.Lookup(uint32(0), &lease); err != nil {
 		return false, fmt.Errorf("read route reuse lease: %w", err)
 	}

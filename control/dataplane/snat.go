@@ -17,7 +17,7 @@ import (
 // local backend (a pod reaching itself through its service), the hairpin
 // address.
 func (d *Dataplane) snatSources(extra []netip.Addr) (remote []netip.Addr, hairpin netip.Addr, err error) {
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
 		return nil, hairpin, fmt.Errorf("read datapath config: %w", err)
 	}
@@ -29,7 +29,7 @@ func (d *Dataplane) snatSources(extra []netip.Addr) (remote []netip.Addr, hairpi
 		}
 	}
 	var ifindex uint32
-	var iface xdp.NicIface
+	var iface xdp.Iface
 	it := d.m.Ifaces.Iterate()
 	for it.Next(&ifindex, &iface) {
 		add(xdp.NetToAddr(iface.Addr))
@@ -129,7 +129,7 @@ func (d *Dataplane) ReleaseSNATHints(backends map[uint32]Backend, extra []netip.
 // check or reply (once a second while it has traffic), so a later call
 // succeeds once every such flow has had a packet or ended.
 func (d *Dataplane) TrustSNATSpillMarks() (trusted bool, deleted int, err error) {
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := d.m.Config.Lookup(uint32(0), &cfg); err != nil {
 		return false, 0, fmt.Errorf("read datapath config: %w", err)
 	}
@@ -149,18 +149,18 @@ func (d *Dataplane) TrustSNATSpillMarks() (trusted bool, deleted int, err error)
 
 // settleSpills deletes the unmarked spills of ended flows and reports
 // whether every other spill has a marked slot.
-func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, deleted int, err error) {
+func (d *Dataplane) settleSpills(cfg xdp.DatapathConfig) (marked bool, deleted int, err error) {
 	hints, err := d.bucketHints()
 	if err != nil {
 		return false, 0, err
 	}
-	keys := make([]xdp.NicNatKey, flowBatch)
-	entries := make([]xdp.NicNatEntry, flowBatch)
+	keys := make([]xdp.NatKey, flowBatch)
+	entries := make([]xdp.NatEntry, flowBatch)
 	markedSlots := map[uint32]bool{} // slot index -> marked, as read
 	ports := xdp.SNATPortsOf(&cfg)
 	// slotMarked reports whether a spill's slot is marked; false also for a
 	// spill whose triple has no bucket (no slot to carry a mark).
-	slotMarked := func(k xdp.NicNatKey, port uint16) (bool, error) {
+	slotMarked := func(k xdp.NatKey, port uint16) (bool, error) {
 		backend := netip.AddrPortFrom(xdp.NetToAddr(k.Saddr), xdp.NetToPort(k.Sport))
 		bucket, ok := xdp.SNATHintBucket(hints[xdp.SNATHint(backend, xdp.NetToAddr(k.Daddr), k.Proto)], cfg.SnatBuckets)
 		if !ok {
@@ -170,11 +170,11 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 		if m, seen := markedSlots[index]; seen {
 			return m, nil
 		}
-		var slot xdp.NicSnatSlot
+		var slot xdp.SnatSlot
 		if err := d.m.SNATSlots.Lookup(index, &slot); err != nil {
 			return false, fmt.Errorf("read SNAT slot %d: %w", index, err)
 		}
-		markedSlots[index] = slot.Flags&uint32(xdp.NicSnatSlotFlagsSNAT_SLOT_SPILLED) != 0
+		markedSlots[index] = slot.Flags&uint32(xdp.SnatSlotFlagsSNAT_SLOT_SPILLED) != 0
 		return markedSlots[index], nil
 	}
 	marked = true
@@ -187,7 +187,7 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 		for i := range n {
 			k, e := keys[i], entries[i]
 			port := xdp.NetToPort(k.Dport)
-			if e.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) == 0 || !ports.Contains(port) {
+			if e.Flags&uint8(xdp.CtFlagsCT_F_SNAT) == 0 || !ports.Contains(port) {
 				continue
 			}
 			slotOK, err := slotMarked(k, port)
@@ -227,8 +227,8 @@ func (d *Dataplane) settleSpills(cfg xdp.NicDatapathConfig) (marked bool, delete
 // was read. (Between this read and the delete a claim could still do so;
 // the new flow's check then restores its reverse half within a second.)
 // It reports whether the spill is gone.
-func (d *Dataplane) deleteSpill(k xdp.NicNatKey, e xdp.NicNatEntry) (bool, error) {
-	var now xdp.NicNatEntry
+func (d *Dataplane) deleteSpill(k xdp.NatKey, e xdp.NatEntry) (bool, error) {
+	var now xdp.NatEntry
 	switch err := d.m.NAT.Lookup(k, &now); {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 		return true, nil
@@ -250,9 +250,9 @@ func (d *Dataplane) deleteSpill(k xdp.NicNatKey, e xdp.NicNatEntry) (bool, error
 // flow is over by its reverse half (evictedFlowOver). (Should a late reply
 // rebuild it meanwhile, the flow's next check restores the reverse half it
 // loses when the spill is deleted.)
-func (d *Dataplane) spillEnded(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDatapathConfig) (bool, error) {
-	owner := xdp.NicCtKey{Saddr: e.ClientAddr, Daddr: e.FrontendAddr, Sport: e.ClientPort, Dport: e.FrontendPort, Proto: k.Proto}
-	var ct xdp.NicCtEntry
+func (d *Dataplane) spillEnded(k xdp.NatKey, e xdp.NatEntry, cfg xdp.DatapathConfig) (bool, error) {
+	owner := xdp.CtKey{Saddr: e.ClientAddr, Daddr: e.FrontendAddr, Sport: e.ClientPort, Dport: e.FrontendPort, Proto: k.Proto}
+	var ct xdp.CtEntry
 	found := false
 	for _, t := range d.flowTables() {
 		err := t.m.Lookup(owner, &ct)
@@ -267,7 +267,7 @@ func (d *Dataplane) spillEnded(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDa
 	if !found {
 		return d.evictedFlowOver(k, e, cfg)
 	}
-	answers := ct.Flags&uint8(xdp.NicCtFlagsCT_F_SNAT) != 0 &&
+	answers := ct.Flags&uint8(xdp.CtFlagsCT_F_SNAT) != 0 &&
 		ct.BackendAddr == k.Saddr && ct.BackendPort == k.Sport && ct.NatAddr == k.Daddr && ct.NatPort == k.Dport
 	return !answers || uint64(Now())-ct.LastSeenNs > ctTimeout(ct, k.Proto, cfg), nil
 }
@@ -285,8 +285,8 @@ const unconfirmedHold = uint64(2 * time.Second)
 // backend is gone, or the reverse half was idle past the flow's timeout
 // (an unconfirmed flow's: at most unconfirmedHold). Until then its reply
 // tuple stays its own.
-func (d *Dataplane) evictedFlowOver(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.NicDatapathConfig) (bool, error) {
-	var b xdp.NicBackend
+func (d *Dataplane) evictedFlowOver(k xdp.NatKey, e xdp.NatEntry, cfg xdp.DatapathConfig) (bool, error) {
+	var b xdp.Backend
 	switch err := d.m.Backends.Lookup(e.BackendId, &b); {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 		return true, nil
@@ -296,7 +296,7 @@ func (d *Dataplane) evictedFlowOver(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.
 	if b.Addr != k.Saddr || b.Port != k.Sport {
 		return true, nil
 	}
-	unconfirmed := e.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0
+	unconfirmed := e.Flags&uint8(xdp.CtFlagsCT_F_UNCONFIRMED) != 0
 	timeout := cfg.UdpTimeoutNs
 	switch {
 	case k.Proto == TCP && unconfirmed:
@@ -312,11 +312,11 @@ func (d *Dataplane) evictedFlowOver(k xdp.NicNatKey, e xdp.NicNatEntry, cfg xdp.
 
 // ctTimeout is a conntrack entry's idle timeout (ct_timeout in
 // include/conntrack.h).
-func ctTimeout(ct xdp.NicCtEntry, proto uint8, cfg xdp.NicDatapathConfig) uint64 {
+func ctTimeout(ct xdp.CtEntry, proto uint8, cfg xdp.DatapathConfig) uint64 {
 	if proto != TCP {
 		return cfg.UdpTimeoutNs
 	}
-	if ct.Flags&uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED) != 0 {
+	if ct.Flags&uint8(xdp.CtFlagsCT_F_UNCONFIRMED) != 0 {
 		return min(cfg.TcpTransientTimeoutNs, uint64(UnconfirmedTCPTimeout))
 	}
 	if TCPEstablished(ct.TcpState) {

@@ -14,7 +14,7 @@ import (
 // the agent runs it in its sync loop.
 func BenchmarkReleaseSNATHints(b *testing.B) {
 	_, plane := loadSmall(b, func(o *loader.Options) { o.BackendsMax = loader.DefaultOptions().BackendsMax })
-	if err := plane.Maps().Ifaces.Put(uint32(1), xdp.NicIface{Addr: xdp.AddrToNet(netip.MustParseAddr("192.0.2.1"))}); err != nil {
+	if err := plane.Maps().Ifaces.Put(uint32(1), xdp.Iface{Addr: xdp.AddrToNet(netip.MustParseAddr("192.0.2.1"))}); err != nil {
 		b.Fatal(err)
 	}
 	backends := map[uint32]dataplane.Backend{}

@@ -25,7 +25,7 @@ func (d *Dataplane) SYNCookiePorts(threshold uint32, now time.Duration) ([]uint3
 	}
 	var ports []uint32
 	keys := make([]uint32, batchChunk)
-	vals := make([]xdp.NicSynFlood, batchChunk)
+	vals := make([]xdp.SynFlood, batchChunk)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := d.m.SYNFloods.BatchLookup(&cursor, keys, vals, nil)
@@ -46,7 +46,7 @@ func (d *Dataplane) SYNCookiePorts(threshold uint32, now time.Duration) ([]uint3
 // synCookiesDue judges one service port's counts: the window the counts
 // are of rolls over at its next SYN, so counts a window old are the
 // "last window" the datapath would judge by then.
-func synCookiesDue(f xdp.NicSynFlood, threshold uint32, now time.Duration) bool {
+func synCookiesDue(f xdp.SynFlood, threshold uint32, now time.Duration) bool {
 	if f.WindowNs == 0 || threshold == 0 {
 		return false
 	}

@@ -27,8 +27,8 @@ func TestStatusReportsAFloodOfNewFlows(t *testing.T) {
 	add := func(from, n int, svc uint32) {
 		t.Helper()
 		for i := from; i < from+n; i++ {
-			k := xdp.NicCtKey{Saddr: uint32(i + 1), Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
-			v := xdp.NicCtEntry{SvcId: svc, Flags: uint8(xdp.NicCtFlagsCT_F_UNCONFIRMED)}
+			k := xdp.CtKey{Saddr: uint32(i + 1), Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
+			v := xdp.CtEntry{SvcId: svc, Flags: uint8(xdp.CtFlagsCT_F_UNCONFIRMED)}
 			if err := dp.Maps.CtUnconfirmed.Put(k, v); err != nil {
 				t.Fatal(err)
 			}

@@ -97,7 +97,7 @@ func flowState(f dataplane.Flow) string {
 	}
 	if f.Proto != dataplane.TCP {
 		switch {
-		case f.Unconfirmed && f.TCPState&uint8(xdp.NicCtTcpStateCT_TCP_REPLY) != 0:
+		case f.Unconfirmed && f.TCPState&uint8(xdp.CtTcpStateCT_TCP_REPLY) != 0:
 			return "replied" // not a stream yet
 		case f.Unconfirmed:
 			return "unreplied"
@@ -106,16 +106,16 @@ func flowState(f dataplane.Flow) string {
 	}
 	s := f.TCPState
 	switch {
-	case f.Unconfirmed && s&uint8(xdp.NicCtTcpStateCT_TCP_RST) == 0 && !dataplane.TCPClosing(s):
+	case f.Unconfirmed && s&uint8(xdp.CtTcpStateCT_TCP_RST) == 0 && !dataplane.TCPClosing(s):
 		// Not confirmed yet: a handshake under way, or a spoofed SYN.
 		return "unconfirmed"
-	case s&uint8(xdp.NicCtTcpStateCT_TCP_RST) != 0:
+	case s&uint8(xdp.CtTcpStateCT_TCP_RST) != 0:
 		return "reset"
 	case dataplane.TCPClosing(s):
 		return "closing"
-	case s&uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED) != 0:
+	case s&uint8(xdp.CtTcpStateCT_TCP_ESTABLISHED) != 0:
 		return "established"
-	case s&uint8(xdp.NicCtTcpStateCT_TCP_SYN) != 0:
+	case s&uint8(xdp.CtTcpStateCT_TCP_SYN) != 0:
 		return "syn"
 	}
 	return "-"

@@ -14,7 +14,7 @@ import (
 // `xdplb lookup` says why it no longer answers.
 func TestEndedFlowRow(t *testing.T) {
 	now := 10 * time.Hour
-	established := uint8(xdp.NicCtTcpStateCT_TCP_ESTABLISHED)
+	established := uint8(xdp.CtTcpStateCT_TCP_ESTABLISHED)
 	base := dataplane.Flow{
 		Client: netip.MustParseAddrPort("192.0.2.10:7001"), Frontend: netip.MustParseAddrPort("192.0.2.1:30080"),
 		Proto: dataplane.TCP, Backend: netip.MustParseAddrPort("10.244.1.10:8080"), BackendID: 1,
@@ -30,7 +30,7 @@ func TestEndedFlowRow(t *testing.T) {
 	ended.Ended = true
 	ended.LastSeen = time.Duration(uint64(now) - uint64(1)<<62)
 	bes := map[uint32]dataplane.Backend{1: {Addr: base.Backend.Addr(), Port: base.Backend.Port()}}
-	cfg := xdp.NicDatapathConfig{TcpEstablishedTimeoutNs: uint64(time.Hour), TcpTransientTimeoutNs: uint64(time.Minute),
+	cfg := xdp.DatapathConfig{TcpEstablishedTimeoutNs: uint64(time.Hour), TcpTransientTimeoutNs: uint64(time.Minute),
 		UdpTimeoutNs: uint64(time.Minute)}
 
 	tests := []struct {

@@ -174,7 +174,7 @@ func LookupFlow(dp *dataplane.Dataplane, proto uint8, src, dst netip.AddrPort) (
 // staleReason tells why the datapath would not follow a tracked entry for
 // a new connection on its tuple ("" if it would), like ct_usable in
 // xdp/include/flow.h does for a TCP SYN or a UDP datagram.
-func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.NicDatapathConfig, now time.Duration) string {
+func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.DatapathConfig, now time.Duration) string {
 	if !fl.External {
 		return "for traffic from inside the node"
 	}
@@ -207,8 +207,8 @@ func staleReason(fl dataplane.Flow, bes map[uint32]dataplane.Backend, cfg xdp.Ni
 // pick_backend in xdp/include/maglev.h).
 func liveAffinity(dp *dataplane.Dataplane, fe dataplane.Frontend, client netip.Addr,
 	bes map[uint32]dataplane.Backend, now time.Duration) (id uint32, idle time.Duration, ok bool, err error) {
-	var v xdp.NicAffinityEntry
-	k := xdp.NicAffinityKey{SvcId: fe.SvcID, ClientAddr: xdp.AddrToNet(client)}
+	var v xdp.AffinityEntry
+	k := xdp.AffinityKey{SvcId: fe.SvcID, ClientAddr: xdp.AddrToNet(client)}
 	if err := dp.Maps().Affinity.Lookup(k, &v); errors.Is(err, ebpf.ErrKeyNotExist) {
 		return 0, 0, false, nil
 	} else if err != nil {
@@ -226,8 +226,8 @@ func liveAffinity(dp *dataplane.Dataplane, fe dataplane.Frontend, client netip.A
 	return v.BackendId, idle, true, nil
 }
 
-func datapathConfig(dp *dataplane.Dataplane) (xdp.NicDatapathConfig, error) {
-	var cfg xdp.NicDatapathConfig
+func datapathConfig(dp *dataplane.Dataplane) (xdp.DatapathConfig, error) {
+	var cfg xdp.DatapathConfig
 	if err := dp.Maps().Config.Lookup(uint32(0), &cfg); err != nil {
 		return cfg, fmt.Errorf("read datapath config: %w", err)
 	}

@@ -31,12 +31,12 @@ func TestScrapeReadsTheDatapath(t *testing.T) {
 	plane.PutServiceName(3, "default/web:http/TCP")
 	plane.PutBackend(1, dataplane.Backend{Addr: netip.MustParseAddr("10.0.0.1"), Port: 80})
 	// Counters as the datapath would leave them (per CPU).
-	per := make([]xdp.NicCounter, mustCPUs(t))
+	per := make([]xdp.Counter, mustCPUs(t))
 	per[0].Packets, per[0].Bytes = 5, 500
-	if err := dp.Maps.Stats.Put(uint32(xdp.NicStatSTAT_TX), per); err != nil {
+	if err := dp.Maps.Stats.Put(uint32(xdp.StatSTAT_TX), per); err != nil {
 		t.Fatal(err)
 	}
-	svc := make([]xdp.NicSvcCounter, mustCPUs(t))
+	svc := make([]xdp.SvcCounter, mustCPUs(t))
 	svc[len(svc)-1].NewFlows = 2
 	if err := dp.Maps.SvcStats.Put(uint32(3), svc); err != nil {
 		t.Fatal(err)

@@ -17,11 +17,11 @@ func TestPurgeKeepsAFlowRecreatedDuringTheWalk(t *testing.T) {
 	dp := newDatapath(t)
 	gone := netip.MustParseAddr("10.244.1.10")
 	live := netip.MustParseAddr("10.244.1.20")
-	key := xdp.NicCtKey{Saddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1")), Daddr: xdp.AddrToNet(nodeIP),
+	key := xdp.CtKey{Saddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1")), Daddr: xdp.AddrToNet(nodeIP),
 		Sport: xdp.PortToNet(1001), Dport: xdp.PortToNet(30080), Proto: dataplane.UDP}
-	stale := xdp.NicCtEntry{SvcId: 1, BackendId: 7, BackendAddr: xdp.AddrToNet(gone), BackendPort: xdp.PortToNet(8080),
+	stale := xdp.CtEntry{SvcId: 1, BackendId: 7, BackendAddr: xdp.AddrToNet(gone), BackendPort: xdp.PortToNet(8080),
 		CreatedNs: 1000}
-	fresh := xdp.NicCtEntry{SvcId: 1, BackendId: 8, BackendAddr: xdp.AddrToNet(live), BackendPort: xdp.PortToNet(8080),
+	fresh := xdp.CtEntry{SvcId: 1, BackendId: 8, BackendAddr: xdp.AddrToNet(live), BackendPort: xdp.PortToNet(8080),
 		CreatedNs: 2000}
 	if err := dp.Maps().Conntrack.Put(key, stale); err != nil {
 		t.Fatal(err)
@@ -41,7 +41,7 @@ func TestPurgeKeepsAFlowRecreatedDuringTheWalk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var left xdp.NicCtEntry
+	var left xdp.CtEntry
 	if err := dp.Maps().Conntrack.Lookup(key, &left); err != nil {
 		t.Fatalf("the flow to %s re-created during the purge was deleted: %v", live, err)
 	}

@@ -651,15 +651,15 @@ func TestSweepAfterRestart(t *testing.T) {
 		{2003, otherFE.SvcID, shared.Addr, false},
 	}
 	for _, e := range entries {
-		k := xdp.NicCtKey{Saddr: xdp.AddrToNet(client), Daddr: xdp.AddrToNet(nodeIP),
+		k := xdp.CtKey{Saddr: xdp.AddrToNet(client), Daddr: xdp.AddrToNet(nodeIP),
 			Sport: xdp.PortToNet(e.port), Dport: xdp.PortToNet(30080), Proto: dataplane.TCP}
-		v := xdp.NicCtEntry{SvcId: e.svc, BackendId: ids[e.backend], BackendAddr: xdp.AddrToNet(e.backend),
+		v := xdp.CtEntry{SvcId: e.svc, BackendId: ids[e.backend], BackendAddr: xdp.AddrToNet(e.backend),
 			BackendPort: xdp.PortToNet(8080)}
 		if err := dp.Maps().Conntrack.Put(k, v); err != nil {
 			t.Fatal(err)
 		}
-		ak := xdp.NicAffinityKey{SvcId: e.svc, ClientAddr: xdp.AddrToNet(netip.AddrFrom4([4]byte{198, 51, 100, byte(e.port % 200)}))}
-		av := xdp.NicAffinityEntry{BackendId: ids[e.backend], BackendAddr: v.BackendAddr, BackendPort: v.BackendPort}
+		ak := xdp.AffinityKey{SvcId: e.svc, ClientAddr: xdp.AddrToNet(netip.AddrFrom4([4]byte{198, 51, 100, byte(e.port % 200)}))}
+		av := xdp.AffinityEntry{BackendId: ids[e.backend], BackendAddr: v.BackendAddr, BackendPort: v.BackendPort}
 		if err := dp.Maps().Affinity.Put(ak, av); err != nil {
 			t.Fatal(err)
 		}
@@ -679,8 +679,8 @@ func TestSweepAfterRestart(t *testing.T) {
 		if flows[e.port] == e.stale {
 			t.Errorf("flow from port %d (service port %d, %s): kept=%v, want %v", e.port, e.svc, e.backend, flows[e.port], !e.stale)
 		}
-		var av xdp.NicAffinityEntry
-		ak := xdp.NicAffinityKey{SvcId: e.svc, ClientAddr: xdp.AddrToNet(netip.AddrFrom4([4]byte{198, 51, 100, byte(e.port % 200)}))}
+		var av xdp.AffinityEntry
+		ak := xdp.AffinityKey{SvcId: e.svc, ClientAddr: xdp.AddrToNet(netip.AddrFrom4([4]byte{198, 51, 100, byte(e.port % 200)}))}
 		kept := dp.Maps().Affinity.Lookup(ak, &av) == nil
 		if kept == e.stale {
 			t.Errorf("affinity of service port %d to %s: kept=%v, want %v", e.svc, e.backend, kept, !e.stale)
@@ -711,15 +711,15 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 		{1006, 3, 9, shared, false}, // port 3 left it out by hints: affinity only
 	}
 	for _, f := range flows {
-		k := xdp.NicCtKey{Saddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1")), Daddr: xdp.AddrToNet(nodeIP),
+		k := xdp.CtKey{Saddr: xdp.AddrToNet(netip.MustParseAddr("198.51.100.1")), Daddr: xdp.AddrToNet(nodeIP),
 			Sport: xdp.PortToNet(f.client), Dport: xdp.PortToNet(30080), Proto: dataplane.TCP}
-		v := xdp.NicCtEntry{SvcId: f.svc, BackendId: f.id, BackendAddr: xdp.AddrToNet(f.backend), BackendPort: xdp.PortToNet(8080)}
+		v := xdp.CtEntry{SvcId: f.svc, BackendId: f.id, BackendAddr: xdp.AddrToNet(f.backend), BackendPort: xdp.PortToNet(8080)}
 		if err := dp.Maps().Conntrack.Put(k, v); err != nil {
 			t.Fatal(err)
 		}
 		// Without SNAT, the reverse half is in the nat map.
-		rk := xdp.NicNatKey{Saddr: v.BackendAddr, Sport: v.BackendPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto}
-		rev := xdp.NicNatEntry{ClientAddr: k.Saddr, ClientPort: k.Sport, FrontendAddr: k.Daddr, FrontendPort: k.Dport, BackendId: f.id}
+		rk := xdp.NatKey{Saddr: v.BackendAddr, Sport: v.BackendPort, Daddr: k.Saddr, Dport: k.Sport, Proto: k.Proto}
+		rev := xdp.NatEntry{ClientAddr: k.Saddr, ClientPort: k.Sport, FrontendAddr: k.Daddr, FrontendPort: k.Dport, BackendId: f.id}
 		if err := dp.Maps().NAT.Put(rk, rev); err != nil {
 			t.Fatal(err)
 		}
@@ -727,11 +727,11 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 	// ClientIP affinity to backend 9: the client of port 2 is sent
 	// elsewhere from now on, the client of port 1 keeps it.
 	client := netip.MustParseAddr("198.51.100.1")
-	affinity := func(svc uint32) xdp.NicAffinityKey {
-		return xdp.NicAffinityKey{SvcId: svc, ClientAddr: xdp.AddrToNet(client)}
+	affinity := func(svc uint32) xdp.AffinityKey {
+		return xdp.AffinityKey{SvcId: svc, ClientAddr: xdp.AddrToNet(client)}
 	}
 	for _, svc := range []uint32{1, 2, 3} {
-		e := xdp.NicAffinityEntry{BackendId: 9, BackendAddr: xdp.AddrToNet(shared), BackendPort: xdp.PortToNet(8080)}
+		e := xdp.AffinityEntry{BackendId: 9, BackendAddr: xdp.AddrToNet(shared), BackendPort: xdp.PortToNet(8080)}
 		if err := dp.Maps().Affinity.Put(affinity(svc), e); err != nil {
 			t.Fatal(err)
 		}
@@ -750,7 +750,7 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 	if err != nil || n != (reconcile.Purged{Flows: 2, Affinities: 2}) {
 		t.Fatalf("purged %+v (%v), want 2 flows and 2 affinity entries", n, err)
 	}
-	var e xdp.NicAffinityEntry
+	var e xdp.AffinityEntry
 	for _, svc := range []uint32{2, 3} {
 		if err := dp.Maps().Affinity.Lookup(affinity(svc), &e); err == nil {
 			t.Errorf("the affinity of port %d, which the backend left, is still there", svc)
@@ -762,7 +762,7 @@ func TestPurgeFlowsForgetsRemovedBackends(t *testing.T) {
 	left := map[uint16]bool{}
 	dp.Flows(func(f dataplane.Flow) bool { left[f.Client.Port()] = !f.Ended; return true })
 	reverse := map[uint16]bool{}
-	dp.ReverseHalves(func(_ xdp.NicNatKey, e xdp.NicNatEntry) bool {
+	dp.ReverseHalves(func(_ xdp.NatKey, e xdp.NatEntry) bool {
 		reverse[xdp.NetToPort(e.ClientPort)] = true
 		return true
 	})

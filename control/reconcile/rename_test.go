@@ -114,8 +114,8 @@ func TestRenamedPortKeepsItsServiceID(t *testing.T) {
 			if len(tables) != 2 {
 				t.Fatalf("tables %v, want the cluster-wide and the node-local one", slices.Collect(maps.Keys(tables)))
 			}
-			counted := make([]xdp.NicSvcCounter, ebpf.MustPossibleCPU())
-			counted[0] = xdp.NicSvcCounter{Packets: 5, Bytes: 500, NewFlows: 1}
+			counted := make([]xdp.SvcCounter, ebpf.MustPossibleCPU())
+			counted[0] = xdp.SvcCounter{Packets: 5, Bytes: 500, NewFlows: 1}
 			if err := dp.Maps().SvcStats.Put(id, counted); err != nil {
 				t.Fatal(err)
 			}
@@ -362,7 +362,7 @@ func TestRenameKeepsSNATFlows(t *testing.T) {
 	for id, b := range bes {
 		ids[b.Addr] = id
 	}
-	var cfg xdp.NicDatapathConfig
+	var cfg xdp.DatapathConfig
 	if err := dp.Maps().Config.Lookup(uint32(0), &cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -372,13 +372,13 @@ func TestRenameKeepsSNATFlows(t *testing.T) {
 	client := netip.MustParseAddr("198.51.100.1")
 	for i, e := range []model.Endpoint{a, shared} {
 		natPort := cfg.SnatPortMin + uint16(i)
-		key := xdp.NicCtKey{Saddr: xdp.AddrToNet(client), Daddr: xdp.AddrToNet(nodeIP),
+		key := xdp.CtKey{Saddr: xdp.AddrToNet(client), Daddr: xdp.AddrToNet(nodeIP),
 			Sport: xdp.PortToNet(50000 + uint16(i)), Dport: xdp.PortToNet(30080), Proto: dataplane.TCP}
-		flags := uint8(xdp.NicCtFlagsCT_F_SNAT | xdp.NicCtFlagsCT_F_EXTERNAL)
-		ct := xdp.NicCtEntry{CreatedNs: uint64(dataplane.Now()), LastSeenNs: uint64(dataplane.Now()),
+		flags := uint8(xdp.CtFlagsCT_F_SNAT | xdp.CtFlagsCT_F_EXTERNAL)
+		ct := xdp.CtEntry{CreatedNs: uint64(dataplane.Now()), LastSeenNs: uint64(dataplane.Now()),
 			SvcId: fe.SvcID, BackendId: ids[e.Addr], BackendAddr: xdp.AddrToNet(e.Addr), BackendPort: xdp.PortToNet(e.Port),
 			NatAddr: xdp.AddrToNet(nodeIP), NatPort: xdp.PortToNet(natPort), Flags: flags,
-			TcpState: uint8(xdp.NicCtTcpStateCT_TCP_SYN | xdp.NicCtTcpStateCT_TCP_ESTABLISHED)}
+			TcpState: uint8(xdp.CtTcpStateCT_TCP_SYN | xdp.CtTcpStateCT_TCP_ESTABLISHED)}
 		if err := dp.Maps().Conntrack.Put(key, ct); err != nil {
 			t.Fatal(err)
 		}
@@ -386,10 +386,10 @@ func TestRenameKeepsSNATFlows(t *testing.T) {
 		if err := dp.Maps().SNATBucketHints.Put(xdp.SNATHint(backend, nodeIP, dataplane.TCP), uint32(1)); err != nil {
 			t.Fatal(err)
 		}
-		slot := xdp.NicSnatSlot{
-			Key: xdp.NicNatKey{Saddr: ct.BackendAddr, Sport: ct.BackendPort, Daddr: ct.NatAddr, Dport: ct.NatPort,
+		slot := xdp.SnatSlot{
+			Key: xdp.NatKey{Saddr: ct.BackendAddr, Sport: ct.BackendPort, Daddr: ct.NatAddr, Dport: ct.NatPort,
 				Proto: dataplane.TCP},
-			Rev: xdp.NicNatEntry{LastSeenNs: ct.LastSeenNs, ClientAddr: key.Saddr, ClientPort: key.Sport,
+			Rev: xdp.NatEntry{LastSeenNs: ct.LastSeenNs, ClientAddr: key.Saddr, ClientPort: key.Sport,
 				FrontendAddr: key.Daddr, FrontendPort: key.Dport, BackendId: ct.BackendId, SvcId: fe.SvcID, Flags: flags},
 			Generation: 1,
 		}

@@ -376,7 +376,7 @@ func (m *xdplbMode) observe(context.Context, *env) (*observation, error) {
 // replyTuples reads the reverse NAT halves: their keys are the replies.
 func (m *xdplbMode) replyTuples(_ context.Context, e *env, limit int) ([]traffic.Tuple, error) {
 	var out []traffic.Tuple
-	err := dataplane.New(m.maps).ReverseHalves(func(key xdp.NicNatKey, _ xdp.NicNatEntry) bool {
+	err := dataplane.New(m.maps).ReverseHalves(func(key xdp.NatKey, _ xdp.NatEntry) bool {
 		if key.Proto == e.proto && xdp.NetToAddr(key.Daddr) == EdgeNodeAddr {
 			out = append(out, traffic.Tuple{Src: xdp.NetToAddr(key.Saddr), Dst: xdp.NetToAddr(key.Daddr),
 				SrcPort: xdp.NetToPort(key.Sport), DstPort: xdp.NetToPort(key.Dport)})
