@@ -15,7 +15,7 @@ import (
 )
 
 // SchemaVersion names the pin directory. Bump it whenever the layout of a
-// key or value in xdp/include/maps.h changes.
+// key or value in xdp/include/structs.h changes.
 const SchemaVersion = "v1"
 
 // Maps are the datapath's pinned maps (see xdp/include/maps.h).

@@ -330,7 +330,7 @@ func copySNATSlots(from, to *ebpf.Map, opts Options, hints *ebpf.Map) (copied, s
 }
 
 // assignSNATBucket returns the bucket that hint names, first giving it the
-// next bucket in turn if it names none (snat_bucket_assign in nat.h also
+// next bucket in turn if it names none (snat_bucket_assign in snat.h also
 // weighs how idle the next few are; while slots are being moved, none has
 // been claimed from yet).
 func assignSNATBucket(hints *ebpf.Map, hint, buckets uint32) (uint32, error) {

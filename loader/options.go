@@ -113,7 +113,7 @@ func (f *faults) rename(from, to string) error {
 // SYNCookieMode says when SYNs are answered with SYN cookies.
 type SYNCookieMode uint32
 
-// The SYN cookie modes: enum syn_cookie_mode in xdp/include/maps.h.
+// The SYN cookie modes: enum syn_cookie_mode in xdp/include/structs.h.
 const (
 	SYNCookiesOff    = SYNCookieMode(xdp.SynCookieModeSYN_COOKIES_OFF)
 	SYNCookiesAuto   = SYNCookieMode(xdp.SynCookieModeSYN_COOKIES_AUTO)
@@ -158,7 +158,7 @@ const ICMPErrorBurst = 50
 var DefaultSNATPorts = xdp.SNATPorts{{Min: 1024, Max: 29999}, {Min: 40000, Max: 65535}}
 
 // MaxSNATExtraAddrs is how many extra SNAT addresses there may be
-// (IFACE_EXTRA_ADDRS in xdp/include/maps.h).
+// (IFACE_EXTRA_ADDRS in xdp/include/structs.h).
 const MaxSNATExtraAddrs = len(xdp.Iface{}.ExtraAddrs)
 
 // DefaultSNATPortsBeside is DefaultSNATPorts less the ports of a NodePort

@@ -1,13 +1,26 @@
 // Package xdp holds xdplb's BPF programs (C sources in this directory, one
-// program per hook, built from the shared headers in include/) and their
-// generated Go bindings.
+// program per hook, built from the shared headers in include/, one concern
+// each) and their generated Go bindings.
 //
+// The datapath:
 //   - xdp_nic.c: XDP on the node's NIC, the north-south fast path.
-//   - tc_nic.c: TC ingress on the NIC, finishing what XDP hands over.
-//   - baseline.c: reference programs for benchmarks and the perf suite.
+//   - tc_nic.c: TC ingress on the NIC, finishing what XDP hands over and
+//     doing everything with --xdp-mode off.
+//   - tc_pod.c: TC ingress on every pod interface: pods reaching services,
+//     replies of local backends.
+//   - tc_host.c: TC egress on the NIC and pod interfaces: replies of
+//     backends at the node's own address, the node's ICMP errors about
+//     translated flows.
+//   - sock.c: cgroup socket hooks for the node's own processes.
 //
-// include/maps.h is the schema of all shared state; the Go types in this
-// package (FrontendKey, CtEntry, ...) are generated from it. This
-// package also carries the Go side of the datapath's conventions, such as
-// FlowHash and the names of the counters.
+// Benchmarks and the perf suite only:
+//   - baseline.c: XDP references, the restoring wrapper, the perf
+//     generator, sinks and forwarder.
+//   - baseline_tc.c: the TC reference and its restoring wrapper.
+//
+// include/structs.h is the schema of all shared state (include/maps.h the
+// maps themselves); the Go types in this package (FrontendKey, CtEntry,
+// ...) are generated from it (schema.go). This package also carries the Go
+// side of the datapath's conventions, such as FlowHash and the names of the
+// counters.
 package xdp

@@ -47,7 +47,7 @@ func ClientHash(client netip.Addr, seed uint32) uint32 {
 }
 
 // SNATSlotLocked is the lock bit of a snat_slot's generation
-// (SNAT_SLOT_LOCKED in include/nat.h): set only while a program claims or
+// (SNAT_SLOT_LOCKED in include/snat.h): set only while a program claims or
 // releases the slot's port.
 const SNATSlotLocked = 1 << 31
 
@@ -60,7 +60,7 @@ const (
 )
 
 // SNATHint is the entry in snat_bucket_hints that says which bucket holds
-// the reply tuples from backend to natAddr (snat_hint_of in include/nat.h).
+// the reply tuples from backend to natAddr (snat_hint_of in include/snat.h).
 func SNATHint(backend netip.AddrPort, natAddr netip.Addr, proto uint8) uint32 {
 	return FlowHash(backend, netip.AddrPortFrom(natAddr, 0), proto, 0) % SNATBucketHints
 }

@@ -1,7 +1,7 @@
 package xdp
 
 // The datapath's schema: the map keys and values and the enums every
-// program shares (maps.h), under the names code should use. bpf2go
+// program shares (include/structs.h), under the names code should use. bpf2go
 // generates them once, from xdp_nic.c, and prefixes them with that
 // program's name (Nic...); the TC and socket programs share them (their
 // own generated files have no types).

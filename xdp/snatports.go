@@ -28,7 +28,7 @@ func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
 
 // SNATPorts is the SNAT source port space: a first range and an optional
 // second one, their ports numbered one after the other (snat_port_offset
-// in include/nat.h). A bucket of snat_slots holds one slot per number.
+// in include/snat.h). A bucket of snat_slots holds one slot per number.
 type SNATPorts [2]PortRange
 
 // SNATPortsOf reads the SNAT ports of a datapath configuration.
@@ -120,7 +120,7 @@ func ParseSNATPorts(s string) (SNATPorts, error) {
 }
 
 // SNATSlot is the index in the snat_slots map of SNAT port `port` of a
-// bucket (snat_slot_in in include/nat.h): buckets are copies of the SNAT
+// bucket (snat_slot_in in include/snat.h): buckets are copies of the SNAT
 // port space, one after the other. The port must be one of ports.
 func SNATSlot(bucket uint32, port uint16, ports SNATPorts) uint32 {
 	offset, _ := ports.Offset(port)

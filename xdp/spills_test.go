@@ -14,7 +14,7 @@ import (
 )
 
 // Spills are SNAT reply tuples kept in the nat map although they have a
-// slot (see struct snat_slot in include/maps.h). A claim looks a port up in
+// slot (see struct snat_slot in include/structs.h). A claim looks a port up in
 // the nat map only when its slot is marked as spilled into, once the
 // agent has found every spill marked.
 

@@ -20,7 +20,7 @@
 #include "include/common.h"
 #include "include/maps.h"
 #include "include/counters.h"
-#include "include/forward.h"
+#include "include/handoff.h"
 #include "include/tc_service.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -63,7 +63,7 @@ func frontendKeyOf(r xdp.FrontendKey) FrontendKey {
 	return FrontendKey{Addr: xdp.NetToAddr(r.Addr), Port: xdp.NetToPort(r.Port), Proto: r.Proto}
 }
 
-// Frontend flags (see enum frontend_flags in xdp/include/maps.h).
+// Frontend flags (see enum frontend_flags in xdp/include/structs.h).
 const (
 	FrontendExternal     = uint16(xdp.FrontendFlagsFE_EXTERNAL)
 	FrontendSNATRemote   = uint16(xdp.FrontendFlagsFE_SNAT_REMOTE)

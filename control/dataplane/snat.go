@@ -277,11 +277,11 @@ func (d *Dataplane) spillEnded(k xdp.NatKey, e xdp.NatEntry, cfg xdp.DatapathCon
 const UnconfirmedTCPTimeout = 5 * time.Second
 
 // unconfirmedHold is how long an unconfirmed flow evicted from its table
-// keeps its reply tuple (CT_UNCONFIRMED_HOLD_NS in include/nat.h).
+// keeps its reply tuple (CT_UNCONFIRMED_HOLD_NS in include/halves.h).
 const unconfirmedHold = uint64(2 * time.Second)
 
 // evictedFlowOver reports whether a flow whose forward half is gone is
-// over, by its reverse half (evicted_flow_alive in include/nat.h): its
+// over, by its reverse half (evicted_flow_alive in include/halves.h): its
 // backend is gone, or the reverse half was idle past the flow's timeout
 // (an unconfirmed flow's: at most unconfirmedHold). Until then its reply
 // tuple stays its own.

@@ -17,14 +17,7 @@
 #include "counters.h"
 #include "route.h"
 #include "reject.h"
-
-/* Metadata XDP leaves in front of a packet it hands to TC. */
-struct xdp_handoff {
-	__u32 magic;   /* XDP_HANDOFF_MAGIC */
-	__u32 ifindex; /* egress device chosen by the FIB */
-};
-
-#define XDP_HANDOFF_MAGIC 0x784c4246 /* "xLBF" */
+#include "handoff.h"
 
 /*
  * TTL minus one, and the header checksum updated for it (RFC 1624): the
