@@ -72,8 +72,8 @@ func (r *Reconciler) wanted() wantedSet {
 //
 // The ports in decided are refused already (by fitRanges, or by a first
 // fitFrontends whose ranges were then recounted) and take the
-// newPortRecord given there: a previous version keeps its frontends, an empty
-// newPortRecord releases them.
+// record given there: a previous version keeps its frontends, an empty
+// record releases them.
 func (r *Reconciler) fitFrontends(keys []string, byKey map[string]*model.Service, ids map[string]uint32,
 	full bool, decided map[string]*portRecord) map[string]*portRecord {
 	capacity := int(r.dp.FrontendCapacity())

@@ -69,7 +69,7 @@ func consistent(t *testing.T, dp *dataplane.Dataplane) {
 }
 
 // A port refused after a sync whose write failed must not be kept at the
-// newPortRecord of that sync, whose tables were never written: the table in the
+// record of that sync, whose tables were never written: the table in the
 // map still names the backend that sync removed, and the full Apply
 // deletes that backend. Every frontend's table must name only backends
 // in the map.
