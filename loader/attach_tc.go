@@ -14,14 +14,6 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-func tcLinkPath(pinRoot, ifname string) string {
-	return LinkPin{Hook: HookTCIngress, Mode: tcxMode, Ifname: ifname}.path(pinRoot)
-}
-
-func tcEgressLinkPath(pinRoot, ifname string) string {
-	return LinkPin{Hook: HookTCEgress, Mode: tcxMode, Ifname: ifname}.path(pinRoot)
-}
-
 // attachTCIngress attaches the NIC's TC ingress program.
 func (d *Datapath) attachTCIngress(ifname string, ifindex int) (string, error) {
 	return d.attachTC(d.nicIngress, tcLinkPath(d.opts.PinRoot, ifname), ifname, ifindex, tcIngress)

@@ -68,10 +68,6 @@ func (d *Datapath) detachXDP(ifname string) error {
 	return nil
 }
 
-func xdpLinkPath(pinRoot string, mode XDPMode, ifname string) string {
-	return LinkPin{Hook: HookXDP, Mode: string(mode), Ifname: ifname}.path(pinRoot)
-}
-
 // rememberXDP records for Revert the XDP program of ours the interface
 // runs, and in which mode, or that it runs none.
 func (d *Datapath) rememberXDP(ifname string, attrs *netlink.LinkAttrs) error {

@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"path/filepath"
 	"strings"
 )
 
@@ -39,8 +38,6 @@ func (p LinkPin) Name() string {
 	}
 	return p.Hook + "-" + PinIfname(p.Ifname)
 }
-
-func (p LinkPin) path(pinRoot string) string { return filepath.Join(linksDir(pinRoot), p.Name()) }
 
 // ParseLinkPin reads the name of a pinned link; false for a name that is
 // not one.

@@ -129,27 +129,6 @@ type Datapath struct {
 	earlierConfig xdp.DatapathConfig
 }
 
-// Dir returns the versioned pin directory (<root>/xdplb/<version>).
-func Dir(pinRoot string) string {
-	return filepath.Join(pinRoot, "xdplb", SchemaVersion)
-}
-
-func mapsDir(pinRoot string) string  { return filepath.Join(Dir(pinRoot), "maps") }
-func linksDir(pinRoot string) string { return filepath.Join(Dir(pinRoot), "links") }
-
-// PinIfname returns ifname as the names of link pins carry it. The pin of
-// a link on an interface is named after it (<hook>-<ifname>). bpffs
-// refuses names with a '.', which interface names may have (VLAN
-// interfaces: eth0.100, bond0.42), and no interface name has a ':' (see
-// dev_valid_name in the kernel): in a pin's name, each '.' is a ':'. The
-// pins of names without a '.' are named as before, so a new version
-// adopts those an earlier one pinned.
-func PinIfname(ifname string) string { return strings.ReplaceAll(ifname, ".", ":") }
-
-// IfnameOfPin returns the interface name that a link pin's name carries
-// as pinned (undoing PinIfname).
-func IfnameOfPin(pinned string) string { return strings.ReplaceAll(pinned, ":", ".") }
-
 // Load creates the maps, or adopts those pinned by an earlier agent without
 // touching their contents, loads the programs and writes the datapath
 // configuration. Maps whose size changed are migrated: a new map is created

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -60,8 +59,6 @@ func (e *PinsInUseError) Error() string {
 	}
 	return fmt.Sprintf("the pins under %s are held by %s: one agent runs per --bpffs-root", e.Root, holder)
 }
-
-func pinLockPath(pinRoot string) string { return filepath.Join(pinRoot, "xdplb") }
 
 // LockPins takes the lock for an agent, waiting up to pinLockWait for a
 // short-lived holder. It mounts bpffs at pinRoot first if there is none,

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -20,16 +19,6 @@ func podLinkPath(pinRoot, ifname string) string {
 
 func podReplyLinkPath(pinRoot, ifname string) string {
 	return LinkPin{Hook: HookTCPodReply, Mode: tcxMode, Ifname: ifname}.path(pinRoot)
-}
-
-// A pod interface attached through clsact (kernels without tcx) has no
-// pinned link: an empty directory named after it in clsactPodsDir marks
-// it instead, for PodInterfaces to find it. (Not in linksDir, where every
-// entry is a link.)
-func clsactPodsDir(pinRoot string) string { return filepath.Join(Dir(pinRoot), "clsact-pods") }
-
-func clsactPodMark(pinRoot, ifname string) string {
-	return filepath.Join(clsactPodsDir(pinRoot), PinIfname(ifname))
 }
 
 // AttachPod attaches the pod program and the host reply program to the

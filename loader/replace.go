@@ -97,11 +97,6 @@ func (r *mapReplacements) Close() {
 	}
 }
 
-// stagingDir is where a commit pins the replacements, and links the maps
-// they replace, before moving them into place. It is not the maps'
-// directory, whose names are the maps'; bpffs refuses names with dots.
-func stagingDir(mapsDir string) string { return filepath.Join(filepath.Dir(mapsDir), "maps-replacing") }
-
 // commit puts the replacements in place of the pinned maps they replace,
 // all of them or none. Every replacement is first pinned in a staging
 // directory, and every pinned map it replaces hard-linked there; a
