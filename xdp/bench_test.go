@@ -16,6 +16,7 @@ import (
 	"github.com/xdplb/xdplb/loader"
 	"github.com/xdplb/xdplb/tests/packet"
 	"github.com/xdplb/xdplb/xdp"
+	"github.com/xdplb/xdplb/xdp/baseline"
 )
 
 // Datapath benchmarks run the programs through BPF_PROG_TEST_RUN with the
@@ -32,7 +33,7 @@ import (
 
 type benchEnv struct {
 	f        *fixture
-	baseline *xdp.BaselineObjects
+	baseline *baseline.XDPObjects
 	// baselines by name, for paths measured in turn with one.
 	baselines map[string]benchRun
 }
@@ -42,13 +43,13 @@ func newBenchEnv(b *testing.B, conntrackMax, frontendsMax uint32) *benchEnv {
 	// The default SNAT range: 21k ports per backend.
 	defaults := loader.DefaultOptions()
 	f := newFixtureSized(b, conntrackMax, frontendsMax, withSNATPorts(defaults.SNATPorts))
-	spec, err := xdp.LoadBaseline()
+	spec, err := baseline.LoadXDP()
 	if err != nil {
 		b.Fatal(err)
 	}
 	// The LRU floor map is shaped like conntrack; size it the same.
 	spec.Maps["lru_floor"].MaxEntries = conntrackMax
-	var objs xdp.BaselineObjects
+	var objs baseline.XDPObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		b.Fatalf("load baseline programs: %v", err)
 	}
@@ -135,10 +136,10 @@ func (e *benchEnv) measure(b *testing.B, runs []benchRun, repeat int) []float64 
 // xdp_restore_alongside replay it before xdp_pass: the run's overhead.
 func (e *benchEnv) restoring(b *testing.B, target *ebpf.Program, frame []byte, varySource bool) benchRun {
 	b.Helper()
-	if len(frame) > len(xdp.BaselineFrameTemplate{}.Data) {
+	if len(frame) > len(baseline.XDPFrameTemplate{}.Data) {
 		b.Fatalf("frame of %d bytes does not fit the template", len(frame))
 	}
-	tmpl := xdp.BaselineFrameTemplate{Len: uint32(len(frame))}
+	tmpl := baseline.XDPFrameTemplate{Len: uint32(len(frame))}
 	if varySource {
 		tmpl.VarySource = 1
 	}

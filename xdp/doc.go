@@ -13,10 +13,9 @@
 //     translated flows.
 //   - sock.c: cgroup socket hooks for the node's own processes.
 //
-// Benchmarks and the perf suite only:
-//   - baseline.c: XDP references, the restoring wrapper, the perf
-//     generator, sinks and forwarder.
-//   - baseline_tc.c: the TC reference and its restoring wrapper.
+// Benchmarks and the perf suite have programs of their own, in package
+// baseline (xdp/baseline): references to measure against, restoring
+// wrappers, and the perf generator, sinks and forwarder.
 //
 // include/structs.h is the schema of all shared state (include/maps.h the
 // maps themselves); the Go types in this package (FrontendKey, CtEntry,

@@ -9,5 +9,3 @@ package xdp
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc ${BPF_CLANG} -strip ${BPF_STRIP} -cflags ${BPF_CFLAGS} -target bpfel -go-package xdp -no-global-types Pod tc_pod.c
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc ${BPF_CLANG} -strip ${BPF_STRIP} -cflags ${BPF_CFLAGS} -target bpfel -go-package xdp -no-global-types HostReply tc_host.c
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc ${BPF_CLANG} -strip ${BPF_STRIP} -cflags ${BPF_CFLAGS} -target bpfel -go-package xdp -no-global-types Sock sock.c
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc ${BPF_CLANG} -strip ${BPF_STRIP} -cflags ${BPF_CFLAGS} -target bpfel -go-package xdp -type tc_frame_template BaselineTC baseline_tc.c
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc ${BPF_CLANG} -strip ${BPF_STRIP} -cflags ${BPF_CFLAGS} -target bpfel -go-package xdp -type frame_template -type sink_counter -type sink_pass -type fwd_port -type gen_config -type gen_tuple -type gen_state Baseline baseline.c

@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/xdplb/xdplb/tests/packet"
-	"github.com/xdplb/xdplb/xdp"
+	"github.com/xdplb/xdplb/xdp/baseline"
 )
 
 // BenchmarkTCDatapath measures the TC path of an established pod to
@@ -19,8 +19,8 @@ func BenchmarkTCDatapath(b *testing.B) {
 	results := newBenchResults()
 	f := newFixtureSized(b, 65536, 256)
 	f.program(clusterService(packet.TCP, 80, backendRemote1, backendRemote2))
-	var objs xdp.BaselineTCObjects
-	if err := xdp.LoadBaselineTCObjects(&objs, nil); err != nil {
+	var objs baseline.TCObjects
+	if err := baseline.LoadTCObjects(&objs, nil); err != nil {
 		b.Fatalf("load TC baselines: %v", err)
 	}
 	defer objs.Close()
@@ -47,7 +47,7 @@ func BenchmarkTCDatapath(b *testing.B) {
 		b.Fatal("the pod's flow was not confirmed by its handshake")
 	}
 	restoring := func(target *ebpf.Program) *ebpf.Program {
-		tmpl := xdp.BaselineTCTcFrameTemplate{Len: uint32(len(frame))}
+		tmpl := baseline.TCTcFrameTemplate{Len: uint32(len(frame))}
 		copy(tmpl.Data[:], frame)
 		if err := objs.TcBenchTemplate.Put(uint32(0), tmpl); err != nil {
 			b.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/xdplb/xdplb/tests/apiserver/k8sbin"
 	"github.com/xdplb/xdplb/tests/child"
 	"github.com/xdplb/xdplb/xdp"
+	"github.com/xdplb/xdplb/xdp/baseline"
 )
 
 // A mode is one datapath under test. Only one mode handles traffic at a
@@ -69,7 +70,7 @@ type observation struct {
 // baselineMode is xdp_fwd on the edge node's NICs: MAC rewrite and
 // redirect through a devmap, nothing else. The machine's limit.
 type baselineMode struct {
-	objs  xdp.BaselineObjects
+	objs  baseline.XDPObjects
 	links []link.Link
 }
 
@@ -78,11 +79,11 @@ func (m *baselineMode) name() string { return summary.ModeBaseline }
 func (m *baselineMode) unavailable(context.Context, *env) string { return "" }
 
 func (m *baselineMode) detail() string {
-	return "xdp_fwd (xdp/baseline.c): rewrite MACs, XDP_REDIRECT through a devmap; no parsing, no state"
+	return "xdp_fwd (xdp/baseline/xdp.c): rewrite MACs, XDP_REDIRECT through a devmap; no parsing, no state"
 }
 
 func (m *baselineMode) start(ctx context.Context, e *env, _ ServiceSet) error {
-	if err := xdp.LoadBaselineObjects(&m.objs, nil); err != nil {
+	if err := baseline.LoadXDPObjects(&m.objs, nil); err != nil {
 		return fmt.Errorf("load forwarding baseline: %w", err)
 	}
 	t := e.topo
@@ -119,7 +120,7 @@ func (m *baselineMode) start(ctx context.Context, e *env, _ ServiceSet) error {
 }
 
 func (m *baselineMode) route(in, out int, dmac, smac []byte) error {
-	p := xdp.BaselineFwdPort{Ifindex: uint32(out)}
+	p := baseline.XDPFwdPort{Ifindex: uint32(out)}
 	copy(p.Dmac[:], dmac)
 	copy(p.Smac[:], smac)
 	if err := m.objs.FwdRoutes.Put(uint32(in), p); err != nil {

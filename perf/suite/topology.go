@@ -13,7 +13,7 @@ import (
 
 	"github.com/xdplb/xdplb/perf/traffic"
 	"github.com/xdplb/xdplb/tests/netns"
-	"github.com/xdplb/xdplb/xdp"
+	"github.com/xdplb/xdplb/xdp/baseline"
 )
 
 // The perf topology: four namespaces joined by veth pairs, no bridge, so
@@ -210,8 +210,8 @@ func splitArgs(s string) []string {
 // XDP program. A physical NIC needs no such thing. Closing the returned
 // function detaches them.
 func (t *Topology) PassXDP() (func() error, error) {
-	var objs xdp.BaselineObjects
-	if err := xdp.LoadBaselineObjects(&objs, nil); err != nil {
+	var objs baseline.XDPObjects
+	if err := baseline.LoadXDPObjects(&objs, nil); err != nil {
 		return nil, fmt.Errorf("load XDP_PASS program: %w", err)
 	}
 	var links []link.Link

@@ -17,6 +17,7 @@ import (
 
 	"github.com/xdplb/xdplb/tests/netns"
 	"github.com/xdplb/xdplb/xdp"
+	"github.com/xdplb/xdplb/xdp/baseline"
 )
 
 // liveFrames is BPF_F_TEST_XDP_LIVE_FRAMES: transmit what the program
@@ -37,7 +38,7 @@ type Generator struct {
 	ns      *netns.NS
 	dev     string
 	ifindex int
-	objs    xdp.BaselineObjects
+	objs    baseline.XDPObjects
 	slots   int
 	// hold keeps xdp_gen attached to a spare device (see holdInDispatcher).
 	hold    link.Link
@@ -67,7 +68,7 @@ func NewGenerator(ns *netns.NS, dev string) (*Generator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generator device %s in %s: %w", dev, ns.Name, err)
 	}
-	if err := xdp.LoadBaselineObjects(&g.objs, nil); err != nil {
+	if err := baseline.LoadXDPObjects(&g.objs, nil); err != nil {
 		return nil, fmt.Errorf("load generator program: %w", err)
 	}
 	if err := g.holdInDispatcher(); err != nil {
@@ -133,10 +134,10 @@ func (g *Generator) Configure(spec Spec) error {
 	cfg := configOf(spec, frame, g.slots)
 	if len(spec.Tuples) > 0 {
 		keys := make([]uint32, len(spec.Tuples))
-		vals := make([]xdp.BaselineGenTuple, len(spec.Tuples))
+		vals := make([]baseline.XDPGenTuple, len(spec.Tuples))
 		for i, t := range spec.Tuples {
 			keys[i] = uint32(i)
-			vals[i] = xdp.BaselineGenTuple{
+			vals[i] = baseline.XDPGenTuple{
 				Saddr: xdp.AddrToNet(t.Src), Daddr: xdp.AddrToNet(t.Dst),
 				Sport: xdp.PortToNet(t.SrcPort), Dport: xdp.PortToNet(t.DstPort),
 			}
@@ -155,8 +156,8 @@ func (g *Generator) Configure(spec Spec) error {
 }
 
 // configOf is the program's view of a spec.
-func configOf(spec Spec, frame []byte, slots int) xdp.BaselineGenConfig {
-	cfg := xdp.BaselineGenConfig{
+func configOf(spec Spec, frame []byte, slots int) baseline.XDPGenConfig {
+	cfg := baseline.XDPGenConfig{
 		Flows:       spec.Flows,
 		Saddr:       xdp.AddrToNet(spec.Src),
 		SaddrCount:  spec.SrcAddrs,
@@ -210,7 +211,7 @@ type Result struct {
 // Sent returns the frames generated so far (all runs), from the program's
 // own per-CPU counters.
 func (g *Generator) Sent() (sent, errs uint64, err error) {
-	var per []xdp.BaselineGenState
+	var per []baseline.XDPGenState
 	if err := g.objs.GenCounters.Lookup(uint32(0), &per); err != nil {
 		return 0, 0, fmt.Errorf("read generator counters: %w", err)
 	}

@@ -11,20 +11,21 @@ import (
 
 	"github.com/xdplb/xdplb/tests/netns"
 	"github.com/xdplb/xdplb/xdp"
+	"github.com/xdplb/xdplb/xdp/baseline"
 )
 
 // Sink counts and drops every frame that arrives on one device (xdp_sink,
 // attached in native mode).
 type Sink struct {
 	Dev  string
-	objs xdp.BaselineObjects
+	objs baseline.XDPObjects
 	link link.Link
 }
 
 // NewSink attaches a sink to dev in namespace ns.
 func NewSink(ns *netns.NS, dev string) (*Sink, error) {
 	s := &Sink{Dev: dev}
-	if err := xdp.LoadBaselineObjects(&s.objs, nil); err != nil {
+	if err := baseline.LoadXDPObjects(&s.objs, nil); err != nil {
 		return nil, fmt.Errorf("load sink program: %w", err)
 	}
 	l, err := AttachXDP(ns, dev, s.objs.XdpSink)
@@ -38,7 +39,7 @@ func NewSink(ns *netns.NS, dev string) (*Sink, error) {
 
 // Packets returns the frames counted so far.
 func (s *Sink) Packets() (uint64, error) {
-	var per []xdp.BaselineSinkCounter
+	var per []baseline.XDPSinkCounter
 	if err := s.objs.SinkStats.Lookup(uint32(0), &per); err != nil {
 		return 0, fmt.Errorf("read sink %s: %w", s.Dev, err)
 	}
@@ -54,7 +55,7 @@ func (s *Sink) Packets() (uint64, error) {
 // dropTOS (generated traffic marked as such: see Spec.TOS). The zero
 // address passes nothing again.
 func (s *Sink) PassTo(addr netip.Addr, dropTOS uint8) error {
-	pass := xdp.BaselineSinkPass{DropTos: dropTOS}
+	pass := baseline.XDPSinkPass{DropTos: dropTOS}
 	if addr.IsValid() {
 		if !addr.Is4() {
 			return fmt.Errorf("sink %s: pass to %s: IPv4 only", s.Dev, addr)

@@ -1,7 +1,7 @@
 // Package traffic is the perf suite's traffic: a packet generator and the
 // sinks that count what arrives.
 //
-// The generator is xdp_gen (xdp/baseline.c) run with BPF_PROG_TEST_RUN in
+// The generator is xdp_gen (xdp/baseline/xdp.c) run with BPF_PROG_TEST_RUN in
 // live-frames mode: the kernel hands each frame to the program, which writes
 // a whole header template into it, gives it the 5-tuple of the next flow,
 // fixes the checksums and returns XDP_TX, so the frame leaves through the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/xdplb/xdplb/tests/packet"
 	"github.com/xdplb/xdplb/tests/testenv"
-	"github.com/xdplb/xdplb/xdp"
+	"github.com/xdplb/xdplb/xdp/baseline"
 )
 
 var (
@@ -345,7 +345,7 @@ func TestGeneratorRewritesEveryHeader(t *testing.T) {
 // cpuSeq is how many frames the generator has built on one CPU: the
 // sequence number of the next one there.
 func (g *Generator) cpuSeq(cpu int) (uint64, error) {
-	var per []xdp.BaselineGenState
+	var per []baseline.XDPGenState
 	if err := g.objs.GenCounters.Lookup(uint32(0), &per); err != nil {
 		return 0, fmt.Errorf("read generator counters: %w", err)
 	}

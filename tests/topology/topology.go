@@ -28,7 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdplb/xdplb/tests/netns"
-	"github.com/xdplb/xdplb/xdp"
+	"github.com/xdplb/xdplb/xdp/baseline"
 )
 
 // Addresses of the sandbox.
@@ -72,7 +72,7 @@ type Topology struct {
 	Cgroup string
 
 	all      []*netns.NS
-	baseline *xdp.BaselineObjects
+	baseline *baseline.XDPObjects
 	links    []link.Link
 }
 
@@ -81,8 +81,8 @@ type Topology struct {
 // the receiving end runs XDP itself (GRO instead also works, but holds
 // frames back for seconds on these kernels).
 func (t *Topology) attachPeerXDP() error {
-	var objs xdp.BaselineObjects
-	if err := xdp.LoadBaselineObjects(&objs, nil); err != nil {
+	var objs baseline.XDPObjects
+	if err := baseline.LoadXDPObjects(&objs, nil); err != nil {
 		return fmt.Errorf("load XDP_PASS program: %w", err)
 	}
 	t.baseline = &objs

@@ -2,7 +2,7 @@
 
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * baseline.c - reference programs that benchmarks and the perf suite
+ * xdp.c - reference XDP programs that benchmarks and the perf suite
  * measure xdplb against in the same run, and test helpers.
  *
  *   xdp_pass     returns XDP_PASS: the cost of running any XDP program.
@@ -34,9 +34,9 @@
  *                header template into every frame, gives it the 5-tuple of
  *                the next flow and fixes the checksums, then XDP_TX.
  */
-#include "include/common.h"
-#include "include/parse.h"
-#include "include/csum.h"
+#include "../include/common.h"
+#include "../include/parse.h"
+#include "../include/csum.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

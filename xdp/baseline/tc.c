@@ -2,7 +2,7 @@
 
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * baseline_tc.c - reference TC programs for benchmarks, measured in the
+ * tc.c - reference TC programs for benchmarks, measured in the
  * same run as the TC datapath.
  *
  *   tc_pass     returns TC_ACT_UNSPEC: the cost of running any TC program.
@@ -11,7 +11,7 @@
  *               sees the original input on every repetition; its own cost
  *               is measured by tail-calling tc_pass.
  */
-#include "include/common.h"
+#include "../include/common.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
