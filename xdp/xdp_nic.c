@@ -95,7 +95,7 @@ static __always_inline int translate_and_send(struct xdp_md *ctx, struct packet 
 		mtu = hop_mtu_exceeded(ctx, pkt, hop);
 		if (mtu && dont_fragment(pkt))
 			return xdp_reply_too_big(ctx, pkt, mtu);
-		if (rewrite_tuple(pkt, saddr, sport, daddr, dport))
+		if (xdp_rewrite_tuple(pkt, saddr, sport, daddr, dport))
 			return drop(STAT_DROP_ADJUST, pkt->len);
 		if (mtu)
 			return pass_to_fragment(pkt);
@@ -105,7 +105,7 @@ static __always_inline int translate_and_send(struct xdp_md *ctx, struct packet 
 				       &fib);
 	if (fib_rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && dont_fragment(pkt))
 		return xdp_reply_too_big(ctx, pkt, fib.mtu_result);
-	if (rewrite_tuple(pkt, saddr, sport, daddr, dport))
+	if (xdp_rewrite_tuple(pkt, saddr, sport, daddr, dport))
 		return drop(STAT_DROP_ADJUST, pkt->len);
 	return xdp_forward(ctx, pkt, &fib, fib_rc, hop);
 }
@@ -115,7 +115,7 @@ static __always_inline int translate_and_send(struct xdp_md *ctx, struct packet 
 static __always_inline int deliver_to_host(struct packet *pkt, __be32 saddr, __be16 sport,
 					   __be32 daddr, __be16 dport)
 {
-	if (rewrite_tuple(pkt, saddr, sport, daddr, dport))
+	if (xdp_rewrite_tuple(pkt, saddr, sport, daddr, dport))
 		return drop(STAT_DROP_ADJUST, pkt->len);
 	return pass(STAT_PASS_TO_HOST, pkt->len);
 }

@@ -14,7 +14,7 @@
  * Rewrite the IPv4 and L4 addresses/ports of a parsed TCP or UDP packet and
  * update the IP, TCP or UDP checksums incrementally.
  */
-static __always_inline int rewrite_tuple(struct packet *pkt, __be32 saddr, __be16 sport,
+static __always_inline int xdp_rewrite_tuple(struct packet *pkt, __be32 saddr, __be16 sport,
 					 __be32 daddr, __be16 dport)
 {
 	struct iphdr *ip = pkt->ip;
