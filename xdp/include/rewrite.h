@@ -15,7 +15,7 @@
  * update the IP, TCP or UDP checksums incrementally.
  */
 static __always_inline int xdp_rewrite_tuple(struct packet *pkt, __be32 saddr, __be16 sport,
-					 __be32 daddr, __be16 dport)
+					     __be32 daddr, __be16 dport)
 {
 	struct iphdr *ip = pkt->ip;
 	__u32 addr_delta = 0, l4_delta;
