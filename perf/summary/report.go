@@ -1,5 +1,5 @@
 // Package summary holds the perf suite's results and renders them: JSON
-// (the record), a Markdown table (for the README) and an SVG chart, with
+// (the record), a Markdown table (for docs/performance.md) and an SVG chart, with
 // the facts of the machine they were measured on. It also states the
 // targets as ratios between modes of the same run, and the check that
 // `make perf-quick` runs: every mode that could run produced a figure.

@@ -5,7 +5,7 @@
 //
 // It needs root. Results go to perf/results/<timestamp>/ (report.json,
 // report.md, report.svg and the logs of every process it ran); -publish DIR
-// also copies the report there (perf/report holds the one the README
+// also copies the report there (perf/report holds the one docs/performance.md
 // shows). Exit status: 0 on success, 1 when the run failed or -check found
 // a mode that should have produced a figure and did not, 2 for bad flags.
 package main
