@@ -149,27 +149,16 @@ func (d *Dataplane) QuarantinedSNATPorts() (int, error) {
 	}
 	now := uint64(Now())
 	total := 0
-	for _, table := range []*ebpf.Map{d.m.Conntrack, d.m.CtUnconfirmed} {
-		if table == nil {
-			continue
-		}
-		keys, values := make([]xdp.CtKey, flowBatch), make([]xdp.CtEntry, flowBatch)
-		var cursor ebpf.MapBatchCursor
-		for {
-			n, err := table.BatchLookup(&cursor, keys, values, nil)
-			for i := range n {
-				k, e := keys[i], values[i]
-				if k.Proto == TCP && e.Flags&uint8(xdp.CtFlagsCT_F_SNAT) != 0 && TCPClosed(e.TcpState) &&
-					now-e.LastSeenNs <= ctTimeout(e, k.Proto, cfg) {
-					total++
-				}
+	for _, t := range d.flowTables() {
+		err := eachEntry(t.m, func(k xdp.CtKey, e xdp.CtEntry) bool {
+			if k.Proto == TCP && e.Flags&uint8(xdp.CtFlagsCT_F_SNAT) != 0 && TCPClosed(e.TcpState) &&
+				now-e.LastSeenNs <= ctTimeout(e, k.Proto, cfg) {
+				total++
 			}
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				break
-			}
-			if err != nil {
-				return total, fmt.Errorf("read flows: %w", err)
-			}
+			return true
+		})
+		if err != nil {
+			return total, fmt.Errorf("read %s: %w", t.name, err)
 		}
 	}
 	return total, nil
