@@ -4,6 +4,8 @@ package reconcile
 
 import (
 	"context"
+	"iter"
+	"maps"
 	"net/netip"
 
 	"github.com/xdplb/xdplb/control/dataplane"
@@ -22,7 +24,7 @@ type leftovers[K comparable] struct {
 }
 
 // in returns the leftovers among have (on a full Apply) or had.
-func (l leftovers[K]) in(have func(yield func(K) bool)) []K {
+func (l leftovers[K]) in(have iter.Seq[K]) []K {
 	var out []K
 	if l.full {
 		for k := range have {
@@ -38,17 +40,6 @@ func (l leftovers[K]) in(have func(yield func(K) bool)) []K {
 		}
 	}
 	return out
-}
-
-// keys ranges over a map's keys.
-func keys[K comparable, V any](m map[K]V) func(yield func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // writeState is what the steps of one write share.
@@ -122,7 +113,7 @@ func (r *Reconciler) removeLeavingFrontends(w *writeState) error {
 			}
 		}
 	}
-	for _, k := range l.in(keys(r.frontends)) {
+	for _, k := range l.in(maps.Keys(r.frontends)) {
 		if _, ok := r.frontends[k]; !ok {
 			continue
 		}
@@ -168,7 +159,7 @@ func (r *Reconciler) removeUncheckedRanges(w *writeState) error {
 			checked[fe.SvcID] = true
 		}
 	}
-	for _, sr := range l.in(keys(r.ranges)) {
+	for _, sr := range l.in(maps.Keys(r.ranges)) {
 		if checked[sr.SvcID] {
 			w.lateRanges = append(w.lateRanges, sr)
 			continue
@@ -272,7 +263,7 @@ func (r *Reconciler) removeLeftovers(w *writeState) error {
 			}
 		}
 	}
-	dropTables := l.in(keys(r.tables))
+	dropTables := l.in(maps.Keys(r.tables))
 	for _, sr := range w.lateRanges {
 		if err := r.deleteRange(sr, w.res); err != nil {
 			return err
