@@ -46,36 +46,27 @@ func (e *env) realEndpoints() error {
 		return nil
 	}
 	steps := []struct {
-		ns   string
+		ns   *netns.NS
 		args []string
 	}{
-		{"node2", []string{"addr", "add", OneBackendAddr.String() + "/32", "dev", "lo"}},
-		{"gen", []string{"addr", "add", RealClientAddr.String() + "/32", "dev", "lo"}},
-		{"gen", []string{"route", "add", OneBackendIP.String() + "/32", "via", EdgeAddr.String(), "src", RealClientAddr.String()}},
+		{e.topo.Node2, []string{"addr", "add", OneBackendAddr.String() + "/32", "dev", "lo"}},
+		{e.topo.Gen, []string{"addr", "add", RealClientAddr.String() + "/32", "dev", "lo"}},
+		{e.topo.Gen, []string{"route", "add", OneBackendIP.String() + "/32", "via", EdgeAddr.String(), "src", RealClientAddr.String()}},
 	}
 	for _, s := range steps {
-		ns := e.topo.Gen
-		if s.ns == "node2" {
-			ns = e.topo.Node2
-		}
-		if _, err := ns.IP(s.args...); err != nil {
+		if _, err := s.ns.IP(s.args...); err != nil {
 			return fmt.Errorf("real endpoints: %w", err)
 		}
 	}
-	// XDP sees what the sender put on the wire: real sockets must fill
-	// in their checksums rather than leave them to an offload.
 	for _, ns := range []*netns.NS{e.topo.Gen, e.topo.Node2} {
+		// XDP sees what the sender put on the wire: real sockets must
+		// fill in their checksums rather than leave them to an offload.
 		if err := ns.Ethtool("-K", "eth0", "tx", "off"); err != nil {
 			return fmt.Errorf("real endpoints: %w", err)
 		}
-	}
-	for _, ns := range []struct {
-		name string
-		set  func(string, string) error
-	}{{"gen", e.topo.Gen.Sysctl}, {"node2", e.topo.Node2.Sysctl}} {
 		for _, key := range []string{"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.eth0.rp_filter", "net.ipv4.conf.lo.rp_filter"} {
-			if err := ns.set(key, "0"); err != nil {
-				return fmt.Errorf("real endpoints: sysctl %s in %s: %w", key, ns.name, err)
+			if err := ns.Sysctl(key, "0"); err != nil {
+				return fmt.Errorf("real endpoints: sysctl %s in %s: %w", key, ns.Name, err)
 			}
 		}
 	}

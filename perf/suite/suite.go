@@ -387,6 +387,9 @@ func (e *env) runMode(ctx context.Context, m mode, set ServiceSet, scs []scenari
 	var problems []string
 	failAll := func(err error) []string {
 		for _, sc := range scs {
+			if !sc.appliesTo(m.name()) {
+				continue
+			}
 			acc.fail(sc.id, err, true)
 		}
 		return problems
